@@ -1,0 +1,17 @@
+# The one rule of the layout: decisions live in lib/, effects at the edges. Fail the configure if a
+# lib/ target links anything but abseil (and other lib/ targets).
+get_property(_lib_targets DIRECTORY ${PROJECT_SOURCE_DIR}/lib PROPERTY BUILDSYSTEM_TARGETS)
+get_property(_subdirs DIRECTORY ${PROJECT_SOURCE_DIR}/lib PROPERTY SUBDIRECTORIES)
+foreach(_dir IN LISTS _subdirs)
+  get_property(_more DIRECTORY ${_dir} PROPERTY BUILDSYSTEM_TARGETS)
+  list(APPEND _lib_targets ${_more})
+endforeach()
+foreach(_t IN LISTS _lib_targets)
+  get_target_property(_links ${_t} LINK_LIBRARIES)
+  get_target_property(_ilinks ${_t} INTERFACE_LINK_LIBRARIES)
+  foreach(_l IN LISTS _links _ilinks)
+    if(_l MATCHES "grpc|pqxx|PQXX|spdlog|yaml|protobuf|proto$")
+      message(FATAL_ERROR "lib/ target ${_t} links ${_l}: lib/ may depend on abseil only")
+    endif()
+  endforeach()
+endforeach()

@@ -1,0 +1,106 @@
+#include "lib/config/config.h"
+
+#include "absl/strings/string_view.h"
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+namespace dispatchd::config {
+namespace {
+
+absl::Status Bad(absl::string_view key, absl::string_view why) {
+  return absl::InvalidArgumentError(absl::StrCat(key, ": ", why));
+}
+
+bool ValidListen(absl::string_view addr) {
+  size_t colon = addr.rfind(':');
+  if (colon == absl::string_view::npos || colon == 0) return false;
+  int port = 0;
+  return absl::SimpleAtoi(addr.substr(colon + 1), &port) && port >= 0 && port <= 65535;
+}
+
+bool ValidTypeName(absl::string_view name) {
+  if (name.empty() || name.size() > 128) return false;
+  for (char c : name) {
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '.' || c == '_' || c == '-';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+absl::Status Config::Validate() const {
+  if (!ValidListen(listen)) return Bad("listen", absl::StrCat("want host:port, got \"", listen, "\""));
+  if (state_dir.empty()) return Bad("state_dir", "must not be empty");
+  static constexpr absl::string_view kLevels[] = {"trace", "debug", "info", "warn", "error"};
+  bool level_ok = false;
+  for (absl::string_view l : kLevels) level_ok |= (l == log_level);
+  if (!level_ok) {
+    return Bad("log_level", absl::StrCat("want trace, debug, info, warn or error, got \"",
+                                         log_level, "\""));
+  }
+  if (max_payload_bytes < 1 || max_payload_bytes > (int64_t{64} << 20)) {
+    return Bad("max_payload_bytes", absl::StrCat("must be in [1, 67108864], got ", max_payload_bytes));
+  }
+  if (heartbeat_interval <= absl::ZeroDuration()) {
+    return Bad("heartbeat_interval", "must be positive");
+  }
+  if (worker_stale_after <= 2 * heartbeat_interval) {
+    return Bad("worker_stale_after",
+               absl::StrCat("must be more than twice heartbeat_interval (",
+                            absl::FormatDuration(heartbeat_interval), "), got ",
+                            absl::FormatDuration(worker_stale_after)));
+  }
+  if (orphan_grace < absl::ZeroDuration()) return Bad("orphan_grace", "must not be negative");
+  if (postgres.pool_size < 1 || postgres.pool_size > 256) {
+    return Bad("postgres.pool_size", absl::StrCat("must be in [1, 256], got ", postgres.pool_size));
+  }
+  if (postgres.url.empty() && postgres.embedded_user.empty()) {
+    return Bad("postgres.embedded_user", "must not be empty when postgres.url is empty");
+  }
+  if (types.empty()) return Bad("types", "at least one job type is required");
+  absl::flat_hash_set<absl::string_view> seen;
+  for (size_t i = 0; i < types.size(); ++i) {
+    const JobTypeConfig& t = types[i];
+    std::string key = absl::StrCat("types[", i, "]");
+    if (!ValidTypeName(t.name)) {
+      return Bad(absl::StrCat(key, ".name"),
+                 absl::StrCat("want 1-128 of [A-Za-z0-9._-], got \"", t.name, "\""));
+    }
+    if (!seen.insert(t.name).second) {
+      return Bad(absl::StrCat(key, ".name"), absl::StrCat("duplicate type \"", t.name, "\""));
+    }
+    if (t.max_concurrency < 1) {
+      return Bad(absl::StrCat(key, ".max_concurrency"),
+                 absl::StrCat("must be >= 1, got ", t.max_concurrency));
+    }
+    if (t.max_attempts < 1 || t.max_attempts > 100) {
+      return Bad(absl::StrCat(key, ".max_attempts"),
+                 absl::StrCat("must be in [1, 100], got ", t.max_attempts));
+    }
+    if (t.timeout <= absl::ZeroDuration()) {
+      return Bad(absl::StrCat(key, ".timeout"), "must be positive");
+    }
+    if (t.retry_backoff < absl::ZeroDuration()) {
+      return Bad(absl::StrCat(key, ".retry_backoff"), "must not be negative");
+    }
+    if (t.max_backoff < t.retry_backoff) {
+      return Bad(absl::StrCat(key, ".max_backoff"), "must be >= retry_backoff");
+    }
+  }
+  return absl::OkStatus();
+}
+
+const JobTypeConfig* Config::FindType(absl::string_view name) const {
+  for (const JobTypeConfig& t : types) {
+    if (t.name == name) return &t;
+  }
+  return nullptr;
+}
+
+}  // namespace dispatchd::config

@@ -1,0 +1,67 @@
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include "absl/strings/string_view.h"
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/time/time.h"
+
+namespace dispatchd::job {
+
+// Where a job is in its life; mirrors dispatchd.v1.JobState. See IsLegalTransition for the graph.
+enum class JobState {
+  kQueued,
+  kDispatched,
+  kRunning,
+  kSucceeded,
+  kFailed,
+  kCancelled,
+  kExpired,
+};
+
+// "QUEUED", "RUNNING", ...: the spelling used in the database, logs and dispatchctl.
+absl::string_view ToString(JobState state);
+std::optional<JobState> ParseJobState(absl::string_view name);
+
+// True for SUCCEEDED, FAILED, CANCELLED and EXPIRED: the row is the record of truth and never
+// changes again.
+bool IsTerminal(JobState state);
+
+// True if the state machine allows `from` -> `to`.
+bool IsLegalTransition(JobState from, JobState to);
+
+using Labels = absl::flat_hash_map<std::string, std::string>;
+
+// What a client asks to run, after defaults from the job type are applied.
+struct JobSpec {
+  std::string type;
+  std::string payload;
+  std::string resource_id;
+  std::string fairness_key;
+  std::string idempotency_key;
+  int32_t max_attempts = 0;                         // 0: the type's default
+  absl::Duration timeout = absl::ZeroDuration();    // zero: the type's default
+  absl::Duration dispatch_deadline = absl::InfiniteDuration();
+  absl::Time not_before = absl::InfinitePast();
+  Labels labels;
+};
+
+// A job as recorded by the store.
+struct Job {
+  std::string id;
+  JobSpec spec;
+  JobState state = JobState::kQueued;
+  int32_t attempt = 0;  // attempts started (accepted by a worker)
+  std::string worker_id;
+  std::string result;
+  std::string error;
+  absl::Time created_at = absl::InfinitePast();
+  absl::Time dispatched_at = absl::InfinitePast();
+  absl::Time started_at = absl::InfinitePast();
+  absl::Time finished_at = absl::InfinitePast();
+  absl::Time updated_at = absl::InfinitePast();
+};
+
+}  // namespace dispatchd::job

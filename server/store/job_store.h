@@ -1,0 +1,113 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "lib/job/job.h"
+
+namespace dispatchd::store {
+
+// Outcome of Insert.
+struct InsertOutcome {
+  std::string job_id;
+  // True when (fairness_key, idempotency_key) matched an existing job and nothing was inserted.
+  bool deduplicated = false;
+};
+
+// One claim: QUEUED -> DISPATCHED to `worker_id`, if the row is still QUEUED at `attempt`.
+struct ClaimRequest {
+  std::string job_id;
+  int32_t attempt = 0;  // attempts started so far, as the caller last saw them
+  std::string worker_id;
+};
+
+// How a running attempt ended.
+struct FinishRequest {
+  std::string job_id;
+  int32_t attempt = 0;                       // the attempt that ended
+  job::JobState state = job::JobState::kSucceeded;  // SUCCEEDED, FAILED or CANCELLED
+  std::string result;
+  std::string error;
+};
+
+// Job counts by type and state (every state, terminal ones included while retained).
+struct TypeStateCount {
+  std::string type;
+  job::JobState state = job::JobState::kQueued;
+  int64_t count = 0;
+};
+
+// Outcome of Cancel.
+struct CancelOutcome {
+  job::Job job;               // after the cancellation
+  job::JobState previous = job::JobState::kQueued;  // state before it
+};
+
+// Durable job records. PostgreSQL is the source of truth; every transition is a compare-and-set
+// on (id, state, attempt), so a stale writer changes nothing and the Set/Finish calls return false
+// instead of overwriting. Timestamps are the database server's clock.
+//
+// Thread-safe: each call checks a connection out of an internal pool for its duration.
+// Errors: Unavailable (database unreachable), Aborted (serialization conflict: retry),
+// NotFound, FailedPrecondition, InvalidArgument, Internal.
+class JobStore {
+ public:
+  virtual ~JobStore() = default;
+
+  // Inserts `job` (state QUEUED, attempt 0; `job.id` set by the caller). When the spec has an
+  // idempotency key and a job with the same (fairness_key, idempotency_key) exists, returns that
+  // job's id with deduplicated = true.
+  virtual absl::StatusOr<InsertOutcome> Insert(const job::Job& job) = 0;
+
+  // The job with this id, or NotFound.
+  virtual absl::StatusOr<job::Job> Get(const std::string& job_id) = 0;
+
+  // Every job in QUEUED, DISPATCHED or RUNNING, oldest first (for recovery at start).
+  virtual absl::StatusOr<std::vector<job::Job>> LoadActive() = 0;
+
+  // Claims jobs with SELECT ... FOR UPDATE SKIP LOCKED: a row another session holds is skipped,
+  // never waited on. Returns the ids actually claimed (a subset of the requests).
+  virtual absl::StatusOr<std::vector<std::string>> Claim(
+      const std::vector<ClaimRequest>& claims) = 0;
+
+  // DISPATCHED at attempt-1 -> RUNNING at `attempt` on `worker_id` (the worker accepted).
+  // Also adopts a row that is already RUNNING at `attempt` on any worker (a re-attach), setting
+  // its worker. False if the row is in neither shape.
+  virtual absl::StatusOr<bool> MarkRunning(const std::string& job_id, int32_t attempt,
+                                           const std::string& worker_id) = 0;
+
+  // DISPATCHED -> QUEUED with no attempt consumed (every worker refused it, or its worker left
+  // before accepting). `attempt` is the number of attempts started (unchanged). False if stale.
+  virtual absl::StatusOr<bool> ReturnToQueue(const std::string& job_id, int32_t attempt) = 0;
+
+  // RUNNING at `attempt` -> QUEUED for another attempt, not before `not_before`, keeping `error`
+  // as the last failure. False if stale.
+  virtual absl::StatusOr<bool> Retry(const std::string& job_id, int32_t attempt,
+                                     absl::Time not_before, const std::string& error) = 0;
+
+  // RUNNING (or DISPATCHED) at `attempt` -> the terminal state in `req`. False if stale: the job
+  // ended already or its attempt is no longer current.
+  virtual absl::StatusOr<bool> Finish(const FinishRequest& req) = 0;
+
+  // QUEUED, DISPATCHED or RUNNING -> CANCELLED with `reason` as error. NotFound for an unknown
+  // id, FailedPrecondition if the job already ended.
+  virtual absl::StatusOr<CancelOutcome> Cancel(const std::string& job_id,
+                                               const std::string& reason) = 0;
+
+  // QUEUED -> EXPIRED with `error` for every QUEUED job whose dispatch deadline is before `now`.
+  // Returns the ids expired.
+  virtual absl::StatusOr<std::vector<std::string>> ExpireOverdue(absl::Time now,
+                                                                 const std::string& error) = 0;
+
+  // Counts by type and state.
+  virtual absl::StatusOr<std::vector<TypeStateCount>> CountByTypeAndState() = 0;
+
+  // Jobs in QUEUED, DISPATCHED or RUNNING.
+  virtual absl::StatusOr<int64_t> CountActive() = 0;
+};
+
+}  // namespace dispatchd::store
