@@ -60,6 +60,9 @@ absl::Status Config::Validate() const {
   if (postgres.pool_size < 1 || postgres.pool_size > 256) {
     return Bad("postgres.pool_size", absl::StrCat("must be in [1, 256], got ", postgres.pool_size));
   }
+  if (postgres.connect_wait < absl::ZeroDuration()) {
+    return Bad("postgres.connect_wait", "must not be negative");
+  }
   if (postgres.url.empty() && postgres.embedded_user.empty()) {
     return Bad("postgres.embedded_user", "must not be empty when postgres.url is empty");
   }

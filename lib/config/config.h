@@ -42,6 +42,8 @@ struct PostgresConfig {
   std::string embedded_user = "postgres";
   // Directory holding the PostgreSQL server binaries (initdb, pg_ctl, postgres).
   std::string bin_dir = "/usr/lib/postgresql/15/bin";
+  // At start, how long to keep retrying an unreachable database before exiting.
+  absl::Duration connect_wait = absl::Seconds(10);
 };
 
 // The daemon's whole configuration. Defaults sit in the member initializers; Validate() says

@@ -200,9 +200,10 @@ std::vector<WorkerView> Scheduler::Workers() const {
 
 void Scheduler::Place(const std::string& job_id, const std::string& type,
                       const std::string& worker_id) {
-  placed_[job_id] = Placement{type, worker_id};
+  auto w = workers_.find(worker_id);
+  placed_[job_id] = Placement{type, worker_id, w != workers_.end()};
   ++running_by_type_[type];
-  if (auto w = workers_.find(worker_id); w != workers_.end()) ++w->second.busy;
+  if (w != workers_.end()) ++w->second.busy;
 }
 
 void Scheduler::Unplace(const std::string& job_id) {
@@ -211,7 +212,8 @@ void Scheduler::Unplace(const std::string& job_id) {
   int& n = running_by_type_[it->second.type];
   --n;
   DISPATCHD_CHECK(n >= 0, "running count of a type below zero");
-  if (auto w = workers_.find(it->second.worker_id); w != workers_.end()) {
+  if (auto w = workers_.find(it->second.worker_id);
+      it->second.on_worker && w != workers_.end()) {
     --w->second.busy;
     DISPATCHD_CHECK(w->second.busy >= 0, "worker busy count below zero");
   }

@@ -144,6 +144,9 @@ class Scheduler {
   struct Placement {
     std::string type;
     std::string worker_id;
+    // False when the worker was not registered at placement (a job re-adopted after a restart,
+    // before its worker reconnected): it then never counted in that worker's busy slots.
+    bool on_worker = false;
   };
 
   // The lowest-ranked worker that can take `job` now, or nullptr.

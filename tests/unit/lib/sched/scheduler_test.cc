@@ -193,3 +193,35 @@ TEST(SchedulerTest, LimitBoundsOneDecision) {
 
 }  // namespace
 }  // namespace dispatchd::sched
+
+namespace dispatchd::sched {
+namespace {
+
+TEST(SchedulerRecoveryTest, JobAdoptedBeforeItsWorkerReturnsCountsOnce) {
+  Scheduler s(TwoTypes(/*echo_cap=*/5));
+  // After a restart the job is known to run on "w", which has not reconnected yet.
+  s.Adopt("j1", "echo", "w");
+  EXPECT_EQ(s.running_of_type("echo"), 1);
+  s.AddWorker({.id = "w", .types = {"echo"}, .slots = 2});
+  // The worker reports it: the re-adoption now counts it in the worker's slots.
+  s.Adopt("j1", "echo", "w");
+  EXPECT_EQ(s.running_of_type("echo"), 1);
+  ASSERT_THAT(s.Workers(), SizeIs(1));
+  EXPECT_EQ(s.Workers()[0].busy, 1);
+  s.Finished("j1");
+  EXPECT_EQ(s.Workers()[0].busy, 0);
+  EXPECT_EQ(s.running_of_type("echo"), 0);
+}
+
+TEST(SchedulerRecoveryTest, UnreportedAdoptionFreesCapWithoutTouchingWorkerSlots) {
+  Scheduler s(TwoTypes());
+  s.Adopt("j1", "echo", "w");
+  s.AddWorker({.id = "w", .types = {"echo"}, .slots = 1});
+  s.Finished("j1");  // grace over, the worker never reported it
+  EXPECT_EQ(s.Workers()[0].busy, 0);
+  s.Enqueue(Job("j2"));
+  EXPECT_THAT(Pairs(s.Decide(kNow)), ElementsAre("j2@w"));
+}
+
+}  // namespace
+}  // namespace dispatchd::sched

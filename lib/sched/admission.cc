@@ -1,0 +1,89 @@
+#include "lib/sched/admission.h"
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace dispatchd::sched {
+namespace {
+
+constexpr size_t kMaxKeyBytes = 256;
+constexpr size_t kMaxLabels = 32;
+constexpr size_t kMaxLabelBytes = 128;
+constexpr int kMaxAttempts = 100;
+
+absl::Status Bad(absl::string_view field, absl::string_view why) {
+  return absl::InvalidArgumentError(absl::StrCat("spec.", field, ": ", why));
+}
+
+bool PrintableAscii(absl::string_view s) {
+  for (char c : s) {
+    if (c < 0x20 || c > 0x7e) return false;
+  }
+  return true;
+}
+
+absl::Status CheckKey(absl::string_view field, absl::string_view value) {
+  if (value.size() > kMaxKeyBytes) {
+    return Bad(field, absl::StrCat("at most ", kMaxKeyBytes, " bytes, got ", value.size()));
+  }
+  if (!PrintableAscii(value)) return Bad(field, "must be printable ASCII");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<job::JobSpec> ResolveSpec(const config::Config& config, job::JobSpec spec) {
+  if (spec.type.empty()) return Bad("type", "required");
+  const config::JobTypeConfig* type = config.FindType(spec.type);
+  if (type == nullptr) {
+    std::vector<std::string> names;
+    for (const config::JobTypeConfig& t : config.types) names.push_back(t.name);
+    return Bad("type", absl::StrCat("unknown job type \"", absl::CHexEscape(spec.type.substr(0, 64)),
+                                    "\" (configured: ", absl::StrJoin(names, ", "), ")"));
+  }
+  if (spec.payload.empty()) return Bad("payload", "required (at least one byte)");
+  if (static_cast<int64_t>(spec.payload.size()) > config.max_payload_bytes) {
+    return Bad("payload", absl::StrCat(spec.payload.size(), " bytes exceeds max_payload_bytes (",
+                                       config.max_payload_bytes, ")"));
+  }
+  if (absl::Status s = CheckKey("resource_id", spec.resource_id); !s.ok()) return s;
+  if (absl::Status s = CheckKey("fairness_key", spec.fairness_key); !s.ok()) return s;
+  if (absl::Status s = CheckKey("idempotency_key", spec.idempotency_key); !s.ok()) return s;
+  if (spec.max_attempts < 0 || spec.max_attempts > kMaxAttempts) {
+    return Bad("max_attempts", absl::StrCat("must be in [0, ", kMaxAttempts, "], got ",
+                                            spec.max_attempts));
+  }
+  if (spec.max_attempts == 0) spec.max_attempts = type->max_attempts;
+  if (spec.timeout < absl::ZeroDuration()) return Bad("timeout", "must not be negative");
+  if (spec.timeout == absl::ZeroDuration()) spec.timeout = type->timeout;
+  if (spec.timeout > absl::Hours(24 * 7)) return Bad("timeout", "at most 168h");
+  if (spec.dispatch_deadline <= absl::ZeroDuration()) {
+    return Bad("dispatch_deadline", "must be positive when set");
+  }
+  if (spec.labels.size() > kMaxLabels) {
+    return Bad("labels", absl::StrCat("at most ", kMaxLabels, " labels, got ", spec.labels.size()));
+  }
+  for (const auto& [key, value] : spec.labels) {
+    if (key.empty() || key.size() > kMaxLabelBytes || !PrintableAscii(key) ||
+        key.find_first_of("=, ") != std::string::npos) {
+      return Bad("labels", absl::StrCat("bad label key \"", absl::CHexEscape(key.substr(0, 64)),
+                                        "\": want 1-128 printable characters without '=', ',' or space"));
+    }
+    if (value.size() > kMaxLabelBytes || !PrintableAscii(value)) {
+      return Bad(absl::StrCat("labels[", key, "]"), "value must be at most 128 printable characters");
+    }
+  }
+  return spec;
+}
+
+absl::Duration RetryBackoff(const config::JobTypeConfig& type, int attempt) {
+  absl::Duration d = type.retry_backoff;
+  for (int i = 1; i < attempt && d < type.max_backoff; ++i) d *= 2;
+  return std::min(d, type.max_backoff);
+}
+
+}  // namespace dispatchd::sched

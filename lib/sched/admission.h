@@ -1,0 +1,18 @@
+#pragma once
+
+#include "absl/status/statusor.h"
+#include "lib/config/config.h"
+#include "lib/job/job.h"
+
+namespace dispatchd::sched {
+
+// Validates a client's job spec against the configuration and fills in the type's defaults
+// (max_attempts, timeout). Errors are InvalidArgument naming the field, e.g.
+// `spec.type: unknown job type "gold" (configured: echo, embed)`. Pure; thread-compatible.
+absl::StatusOr<job::JobSpec> ResolveSpec(const config::Config& config, job::JobSpec spec);
+
+// Delay before the retry that follows `attempt` failed attempts: retry_backoff doubled per
+// attempt, capped at max_backoff.
+absl::Duration RetryBackoff(const config::JobTypeConfig& type, int attempt);
+
+}  // namespace dispatchd::sched

@@ -1,0 +1,217 @@
+#include "server/config/yaml_config.h"
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "yaml-cpp/yaml.h"
+
+namespace dispatchd::server {
+namespace {
+
+// Error carrying a position; thrown only inside this file and caught in ParseConfig.
+struct ConfigError {
+  YAML::Mark mark;
+  std::string key;
+  std::string message;
+};
+
+[[noreturn]] void Fail(const YAML::Node& node, const std::string& key, std::string message) {
+  throw ConfigError{node.Mark(), key, std::move(message)};
+}
+
+std::string Scalar(const YAML::Node& node, const std::string& key) {
+  if (!node.IsScalar()) Fail(node, key, "want a scalar value");
+  return node.Scalar();
+}
+
+std::string String(const YAML::Node& node, const std::string& key) {
+  if (node.IsNull()) return "";
+  return Scalar(node, key);
+}
+
+int64_t Int(const YAML::Node& node, const std::string& key) {
+  int64_t v = 0;
+  std::string s = Scalar(node, key);
+  if (!absl::SimpleAtoi(s, &v)) Fail(node, key, absl::StrCat("want an integer, got \"", s, "\""));
+  return v;
+}
+
+int IntInRange(const YAML::Node& node, const std::string& key) {
+  int64_t v = Int(node, key);
+  if (v < -(int64_t{1} << 31) || v >= (int64_t{1} << 31)) Fail(node, key, "integer out of range");
+  return static_cast<int>(v);
+}
+
+absl::Duration Duration(const YAML::Node& node, const std::string& key) {
+  std::string s = Scalar(node, key);
+  absl::Duration d;
+  if (!absl::ParseDuration(s, &d)) {
+    Fail(node, key,
+         absl::StrCat("invalid duration \"", s, "\": want a number with a unit, e.g. 500ms, 30s, 10m, 2h"));
+  }
+  return d;
+}
+
+// Calls `fn(key, value)` for each entry of a mapping, refusing keys not in `allowed`.
+template <typename Fn>
+void ForEachKey(const YAML::Node& map, const std::string& path,
+                const std::vector<std::string>& allowed, Fn fn) {
+  if (!map.IsMap()) Fail(map, path.empty() ? "(top level)" : path, "want a mapping of keys");
+  for (const auto& entry : map) {
+    std::string key = entry.first.as<std::string>();
+    std::string full = path.empty() ? key : absl::StrCat(path, ".", key);
+    bool known = false;
+    for (const std::string& a : allowed) known |= (a == key);
+    if (!known) {
+      Fail(entry.first, full, absl::StrCat("unknown key (known here: ", absl::StrJoin(allowed, ", "), ")"));
+    }
+    fn(key, full, entry.second);
+  }
+}
+
+config::JobTypeConfig ParseType(const YAML::Node& node, const std::string& path) {
+  config::JobTypeConfig t;
+  ForEachKey(node, path,
+             {"name", "max_concurrency", "max_attempts", "timeout", "retry_backoff",
+              "max_backoff", "on_orphan", "model"},
+             [&](const std::string& key, const std::string& full, const YAML::Node& v) {
+               if (key == "name") t.name = String(v, full);
+               if (key == "max_concurrency") t.max_concurrency = IntInRange(v, full);
+               if (key == "max_attempts") t.max_attempts = IntInRange(v, full);
+               if (key == "timeout") t.timeout = Duration(v, full);
+               if (key == "retry_backoff") t.retry_backoff = Duration(v, full);
+               if (key == "max_backoff") t.max_backoff = Duration(v, full);
+               if (key == "model") t.model = String(v, full);
+               if (key == "on_orphan") {
+                 std::string s = String(v, full);
+                 if (s == "requeue") {
+                   t.on_orphan = config::OnOrphan::kRequeue;
+                 } else if (s == "fail") {
+                   t.on_orphan = config::OnOrphan::kFail;
+                 } else {
+                   Fail(v, full, absl::StrCat("want requeue or fail, got \"", s, "\""));
+                 }
+               }
+             });
+  if (t.name.empty()) Fail(node, path + ".name", "required");
+  return t;
+}
+
+config::Config ParseRoot(const YAML::Node& root) {
+  config::Config c;
+  if (root.IsNull()) return c;
+  ForEachKey(root, "",
+             {"listen", "state_dir", "log_level", "max_payload_bytes", "heartbeat_interval",
+              "worker_stale_after", "orphan_grace", "postgres", "types"},
+             [&](const std::string& key, const std::string& full, const YAML::Node& v) {
+               if (key == "listen") c.listen = String(v, full);
+               if (key == "state_dir") c.state_dir = String(v, full);
+               if (key == "log_level") c.log_level = String(v, full);
+               if (key == "max_payload_bytes") c.max_payload_bytes = Int(v, full);
+               if (key == "heartbeat_interval") c.heartbeat_interval = Duration(v, full);
+               if (key == "worker_stale_after") c.worker_stale_after = Duration(v, full);
+               if (key == "orphan_grace") c.orphan_grace = Duration(v, full);
+               if (key == "postgres") {
+                 ForEachKey(v, full, {"url", "pool_size", "embedded_user", "bin_dir", "connect_wait"},
+                            [&](const std::string& k, const std::string& f, const YAML::Node& pv) {
+                              if (k == "url") c.postgres.url = String(pv, f);
+                              if (k == "pool_size") c.postgres.pool_size = IntInRange(pv, f);
+                              if (k == "embedded_user") c.postgres.embedded_user = String(pv, f);
+                              if (k == "bin_dir") c.postgres.bin_dir = String(pv, f);
+                              if (k == "connect_wait") c.postgres.connect_wait = Duration(pv, f);
+                            });
+               }
+               if (key == "types") {
+                 if (!v.IsSequence()) Fail(v, full, "want a list of job types");
+                 for (size_t i = 0; i < v.size(); ++i) {
+                   c.types.push_back(ParseType(v[i], absl::StrCat("types[", i, "]")));
+                 }
+               }
+             });
+  return c;
+}
+
+// Finds the node for a validation error's key path ("types[1].timeout") to report its position.
+YAML::Mark MarkOf(const YAML::Node& root, absl::string_view key_path) {
+  YAML::Node node = root;
+  YAML::Mark best = root.Mark();
+  std::string path(key_path);
+  size_t pos = 0;
+  while (pos < path.size() && node && node.IsDefined()) {
+    size_t end = path.find_first_of(".[", pos);
+    std::string part = path.substr(pos, end == std::string::npos ? std::string::npos : end - pos);
+    if (!part.empty()) {
+      if (!node.IsMap() || !node[part]) break;
+      node = node[part];
+      best = node.Mark();
+    }
+    if (end == std::string::npos) break;
+    if (path[end] == '[') {
+      size_t close = path.find(']', end);
+      size_t index = 0;
+      if (close == std::string::npos ||
+          !absl::SimpleAtoi(path.substr(end + 1, close - end - 1), &index) ||
+          !node.IsSequence() || index >= node.size()) {
+        break;
+      }
+      node = node[index];
+      best = node.Mark();
+      pos = close + 1;
+      if (pos < path.size() && path[pos] == '.') ++pos;
+    } else {
+      pos = end + 1;
+    }
+  }
+  return best;
+}
+
+std::string Position(absl::string_view name, const YAML::Mark& mark) {
+  if (mark.is_null()) return std::string(name);
+  return absl::StrCat(name, ":", mark.line + 1, ":", mark.column + 1);
+}
+
+}  // namespace
+
+absl::StatusOr<config::Config> ParseConfig(absl::string_view yaml, absl::string_view name) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(std::string(yaml));
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(Position(name, e.mark), ": ", e.msg));
+  }
+  config::Config config;
+  try {
+    config = ParseRoot(root);
+  } catch (const ConfigError& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Position(name, e.mark), ": ", e.key, ": ", e.message));
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(Position(name, e.mark), ": ", e.msg));
+  }
+  if (absl::Status s = config.Validate(); !s.ok()) {
+    // Validate says "key: why"; put the position of that key in front.
+    absl::string_view msg = s.message();
+    absl::string_view key = msg.substr(0, msg.find(':'));
+    return absl::InvalidArgumentError(absl::StrCat(Position(name, MarkOf(root, key)), ": ", msg));
+  }
+  return config;
+}
+
+absl::StatusOr<config::Config> LoadConfigFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat(path, ": cannot open config file: ", std::strerror(errno)));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  return ParseConfig(text.str(), path);
+}
+
+}  // namespace dispatchd::server

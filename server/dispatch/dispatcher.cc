@@ -1,0 +1,627 @@
+#include "server/dispatch/dispatcher.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "lib/sched/admission.h"
+#include "server/convert/job_proto.h"
+#include "server/util/log.h"
+
+namespace dispatchd::dispatch {
+namespace {
+
+using job::JobState;
+
+constexpr absl::Duration kSweepInterval = absl::Milliseconds(200);
+constexpr absl::Duration kExpiryInterval = absl::Seconds(1);
+constexpr absl::Duration kStoreErrorPause = absl::Seconds(1);
+constexpr size_t kMaxDispatchesPerRound = 512;
+
+const char kExpiredError[] = "capacity: no worker took the job before its dispatch deadline";
+
+}  // namespace
+
+Dispatcher::Dispatcher(config::Config config, store::JobStore& store, Clock& clock,
+                       JobEvents& events)
+    : config_(std::move(config)),
+      store_(store),
+      clock_(clock),
+      events_(events),
+      scheduler_(config_) {}
+
+Dispatcher::~Dispatcher() { Stop(); }
+
+absl::Status Dispatcher::Start() {
+  absl::StatusOr<std::vector<job::Job>> active = store_.LoadActive();
+  if (!active.ok()) return active.status();
+  const absl::Time now = clock_.TimeNow();
+  size_t queued = 0, held = 0;
+  for (job::Job& job : *active) {
+    Entry entry{.job = std::move(job)};
+    const job::Job& j = entry.job;
+    if (j.state == JobState::kQueued) {
+      scheduler_.Enqueue(ToPending(j));
+      ++queued;
+    } else {
+      // Dispatched or running under the previous daemon: its worker may still hold it.
+      scheduler_.Adopt(j.id, j.spec.type, j.worker_id);
+      entry.orphan_deadline = now + config_.orphan_grace;
+      ++held;
+    }
+    std::string id = entry.job.id;
+    jobs_.emplace(std::move(id), std::move(entry));
+  }
+  server::Log("dispatch")->info("recovered queued={} held_by_workers={} grace={}", queued, held,
+                                absl::FormatDuration(config_.orphan_grace));
+  loop_ = std::thread([this] { Loop(); });
+  return absl::OkStatus();
+}
+
+void Dispatcher::Stop() {
+  {
+    absl::MutexLock l(&mu_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  if (loop_.joinable()) loop_.join();
+  for (auto& [id, session] : sessions_) {
+    if (session.link) session.link->Close(absl::UnavailableError("daemon shutting down"));
+  }
+  sessions_.clear();
+}
+
+void Dispatcher::Post(std::function<void()> task) {
+  absl::MutexLock l(&mu_);
+  tasks_.push_back(std::move(task));
+}
+
+void Dispatcher::JobQueued(job::Job job) {
+  Post([this, job = std::move(job)]() mutable {
+    if (jobs_.contains(job.id)) return;
+    scheduler_.Enqueue(ToPending(job));
+    std::string id = job.id;
+    jobs_.emplace(std::move(id), Entry{.job = std::move(job)});
+  });
+}
+
+void Dispatcher::JobCancelled(const std::string& job_id, job::JobState previous) {
+  Post([this, job_id, previous] {
+    auto it = jobs_.find(job_id);
+    if (it != jobs_.end()) {
+      const job::Job& j = it->second.job;
+      scheduler_.RemovePending(job_id);
+      if (scheduler_.IsPlaced(job_id)) {
+        std::string worker = scheduler_.WorkerOf(job_id);
+        scheduler_.Finished(job_id);
+        // The attempt the worker holds: the next one while dispatched, the current one running.
+        int32_t attempt = j.state == JobState::kDispatched ? j.attempt + 1 : j.attempt;
+        SendCancel(worker, job_id, attempt, "cancelled by client");
+      }
+      jobs_.erase(it);
+    }
+    server::Log("dispatch")->debug("cancelled job={} from={}", job_id, job::ToString(previous));
+    events_.Publish(job_id, JobState::kCancelled);
+  });
+}
+
+void Dispatcher::WorkerConnected(std::shared_ptr<WorkerLink> link, v1::Hello hello) {
+  Post([this, link = std::move(link), hello = std::move(hello)] {
+    OnHello(link, hello, clock_.TimeNow());
+  });
+}
+
+void Dispatcher::WorkerMessage(std::shared_ptr<WorkerLink> link, v1::WorkerMessage msg) {
+  Post([this, link = std::move(link), msg = std::move(msg)] {
+    const absl::Time now = clock_.TimeNow();
+    std::string worker_id = WorkerIdOf(link);
+    if (worker_id.empty()) return;  // a replaced or lost session
+    sessions_[worker_id].last_seen = now;
+    switch (msg.msg_case()) {
+      case v1::WorkerMessage::kAccept: OnAccept(worker_id, msg.accept(), now); break;
+      case v1::WorkerMessage::kReject: OnReject(worker_id, msg.reject()); break;
+      case v1::WorkerMessage::kResult: OnResult(worker_id, msg.result(), now); break;
+      case v1::WorkerMessage::kHeartbeat: scheduler_.Heartbeat(worker_id); break;
+      case v1::WorkerMessage::kDraining:
+        scheduler_.SetDraining(worker_id, true);
+        server::Log("dispatch")->info("worker draining worker={}", worker_id);
+        break;
+      case v1::WorkerMessage::kHello:
+        link->Close(absl::InvalidArgumentError("hello: sent twice on one stream"));
+        break;
+      case v1::WorkerMessage::MSG_NOT_SET:
+        link->Close(absl::InvalidArgumentError("msg: empty worker message"));
+        break;
+    }
+  });
+}
+
+void Dispatcher::WorkerDisconnected(std::shared_ptr<WorkerLink> link) {
+  Post([this, link = std::move(link)] { OnDisconnect(link, clock_.TimeNow()); });
+}
+
+std::vector<v1::WorkerInfo> Dispatcher::Workers() {
+  auto out = std::make_shared<std::vector<v1::WorkerInfo>>();
+  auto done = std::make_shared<absl::Notification>();
+  Post([this, out, done] {
+    for (const sched::WorkerView& w : scheduler_.Workers()) {
+      auto it = sessions_.find(w.id);
+      if (it == sessions_.end() || !it->second.link) continue;
+      const Session& s = it->second;
+      v1::WorkerInfo info;
+      info.set_worker_id(w.id);
+      info.set_peer(s.peer);
+      for (const std::string& t : s.hello.types()) info.add_types(t);
+      info.set_slots(w.slots);
+      info.set_busy(w.busy);
+      *info.mutable_labels() = s.hello.labels();
+      convert::ToProto(s.connected_at, info.mutable_connected_at());
+      convert::ToProto(s.last_seen, info.mutable_last_seen());
+      info.set_rank(w.rank);
+      info.set_draining(w.draining);
+      out->push_back(std::move(info));
+    }
+    done->Notify();
+  });
+  {
+    absl::MutexLock l(&mu_);
+    if (stopping_) return {};
+  }
+  done->WaitForNotificationWithTimeout(absl::Seconds(10));
+  return done->HasBeenNotified() ? *out : std::vector<v1::WorkerInfo>{};
+}
+
+void Dispatcher::Loop() {
+  while (true) {
+    std::deque<std::function<void()>> batch;
+    {
+      absl::MutexLock l(&mu_);
+      const absl::Time now = clock_.TimeNow();
+      absl::Time wake = std::min(next_sweep_, scheduler_.NextWakeup(now));
+      absl::Duration wait = std::clamp(wake - now, absl::ZeroDuration(), kSweepInterval);
+      mu_.AwaitWithTimeout(absl::Condition(
+                               +[](Dispatcher* d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(d->mu_) {
+                                 return d->stopping_ || !d->tasks_.empty();
+                               },
+                               this),
+                           wait);
+      if (stopping_) return;
+      batch.swap(tasks_);
+    }
+    for (std::function<void()>& task : batch) task();
+    const absl::Time now = clock_.TimeNow();
+    if (now >= next_sweep_) {
+      Sweep(now);
+      next_sweep_ = now + kSweepInterval;
+    }
+    DispatchReady(now);
+  }
+}
+
+void Dispatcher::DispatchReady(absl::Time now) {
+  if (now < dispatch_paused_until_) return;
+  while (true) {
+    std::vector<sched::Dispatch> decisions = scheduler_.Decide(now, kMaxDispatchesPerRound);
+    if (decisions.empty()) return;
+    std::vector<store::ClaimRequest> claims;
+    claims.reserve(decisions.size());
+    for (const sched::Dispatch& d : decisions) {
+      claims.push_back(store::ClaimRequest{d.job_id, d.attempt, d.worker_id});
+    }
+    absl::StatusOr<std::vector<std::string>> claimed = store_.Claim(claims);
+    if (!claimed.ok()) {
+      server::Log("dispatch")->warn("claim failed jobs={} status={}", claims.size(),
+                                    claimed.status().ToString());
+      for (const sched::Dispatch& d : decisions) {
+        scheduler_.Finished(d.job_id);
+        if (auto it = jobs_.find(d.job_id); it != jobs_.end()) {
+          scheduler_.Enqueue(ToPending(it->second.job));
+        }
+      }
+      dispatch_paused_until_ = now + kStoreErrorPause;
+      return;
+    }
+    absl::flat_hash_set<std::string> won(claimed->begin(), claimed->end());
+    absl::flat_hash_map<std::string, v1::DaemonMessage> assigns;
+    for (const sched::Dispatch& d : decisions) {
+      auto it = jobs_.find(d.job_id);
+      if (!won.contains(d.job_id) || it == jobs_.end()) {
+        // The row moved on (cancelled) or another session holds it: try again shortly if the
+        // job is still ours to run.
+        scheduler_.Finished(d.job_id);
+        if (it != jobs_.end()) {
+          sched::PendingJob p = ToPending(it->second.job);
+          p.not_before = std::max(p.not_before, now + absl::Milliseconds(100));
+          scheduler_.Enqueue(std::move(p));
+        }
+        continue;
+      }
+      job::Job& j = it->second.job;
+      j.state = JobState::kDispatched;
+      j.worker_id = d.worker_id;
+      v1::Assignment* a = assigns[d.worker_id].mutable_assign()->add_assignments();
+      a->set_job_id(j.id);
+      a->set_attempt(j.attempt + 1);
+      a->set_type(j.spec.type);
+      a->set_payload(j.spec.payload);
+      a->set_resource_id(j.spec.resource_id);
+      convert::ToProto(now + j.spec.timeout, a->mutable_deadline());
+      if (const config::JobTypeConfig* t = TypeOf(j)) a->set_model(t->model);
+      events_.Publish(j.id, JobState::kDispatched);
+    }
+    for (auto& [worker_id, msg] : assigns) {
+      server::Log("dispatch")->debug("assign worker={} jobs={}", worker_id,
+                                     msg.assign().assignments_size());
+      SendTo(worker_id, std::move(msg));
+    }
+    if (decisions.size() < kMaxDispatchesPerRound) return;
+  }
+}
+
+void Dispatcher::Sweep(absl::Time now) {
+  // Workers silent past the stale threshold are lost.
+  std::vector<std::string> stale;
+  for (const auto& [id, s] : sessions_) {
+    if (now - s.last_seen > config_.worker_stale_after) stale.push_back(id);
+  }
+  for (const std::string& id : stale) {
+    LoseWorker(id, absl::StrCat("no heartbeat for ",
+                                absl::FormatDuration(config_.worker_stale_after)));
+  }
+
+  std::vector<std::string> orphaned, timed_out;
+  for (auto& [id, e] : jobs_) {
+    if (e.orphan_deadline <= now) orphaned.push_back(id);
+    if (e.job.state == JobState::kRunning && e.run_deadline <= now) timed_out.push_back(id);
+  }
+  for (const std::string& id : orphaned) {
+    auto it = jobs_.find(id);
+    if (it == jobs_.end()) continue;
+    it->second.orphan_deadline = absl::InfiniteFuture();
+    scheduler_.Finished(id);
+    Orphan(it->second, "its worker did not reconnect after the daemon restarted", now);
+  }
+  for (const std::string& id : timed_out) {
+    auto it = jobs_.find(id);
+    if (it == jobs_.end() || it->second.job.state != JobState::kRunning) continue;
+    Entry& e = it->second;
+    std::string worker = e.job.worker_id;
+    int32_t attempt = e.job.attempt;
+    SendCancel(worker, id, attempt, "timeout");
+    scheduler_.Finished(id);
+    server::Log("dispatch")->warn("timeout job={} attempt={} worker={}", id, attempt, worker);
+    FailAttempt(e, attempt,
+                absl::StrCat("timeout: attempt ", attempt, " ran longer than ",
+                             absl::FormatDuration(e.job.spec.timeout)),
+                /*retryable=*/true, now);
+  }
+
+  // Rows a failed write left DISPATCHED go back to the queue once the store answers again.
+  std::vector<std::string> retry;
+  retry.swap(unreturned_);
+  for (const std::string& id : retry) {
+    auto it = jobs_.find(id);
+    if (it != jobs_.end()) Requeue(it->second, it->second.job.spec.not_before);
+  }
+
+  if (now >= next_expiry_) {
+    next_expiry_ = now + kExpiryInterval;
+    absl::StatusOr<std::vector<std::string>> expired = store_.ExpireOverdue(now, kExpiredError);
+    if (!expired.ok()) {
+      server::Log("dispatch")->warn("expiry sweep failed status={}", expired.status().ToString());
+    } else {
+      for (const std::string& id : *expired) {
+        scheduler_.RemovePending(id);
+        jobs_.erase(id);
+        server::Log("dispatch")->info("expired job={}", id);
+        events_.Publish(id, JobState::kExpired);
+      }
+    }
+  }
+}
+
+void Dispatcher::OnHello(const std::shared_ptr<WorkerLink>& link, const v1::Hello& hello,
+                         absl::Time now) {
+  const std::string& worker_id = hello.worker_id();
+  auto existing = sessions_.find(worker_id);
+  if (existing != sessions_.end() && existing->second.link && existing->second.link != link) {
+    existing->second.link->Close(absl::AbortedError("replaced by a newer session of this worker"));
+  }
+  Session& s = sessions_[worker_id];
+  s.link = link;
+  s.hello = hello;
+  s.peer = link->peer();
+  s.connected_at = now;
+  s.last_seen = now;
+  scheduler_.AddWorker(sched::WorkerSpec{
+      .id = worker_id,
+      .types = {hello.types().begin(), hello.types().end()},
+      .slots = hello.slots(),
+      .labels = job::Labels(hello.labels().begin(), hello.labels().end())});
+
+  v1::DaemonMessage welcome;
+  v1::Welcome* w = welcome.mutable_welcome();
+  convert::ToProto(config_.heartbeat_interval, w->mutable_heartbeat_interval());
+  w->set_session_id(absl::StrCat(worker_id, "/", next_session_++));
+
+  // Re-adopt the jobs the worker still runs, if they are still its to run.
+  absl::flat_hash_set<std::string> adopted;
+  for (const v1::HeldJob& held : hello.running_jobs()) {
+    auto it = jobs_.find(held.job_id());
+    if (it == jobs_.end()) continue;
+    Entry& e = it->second;
+    job::Job& j = e.job;
+    bool running_here = j.state == JobState::kRunning && j.attempt == held.attempt();
+    bool accepted_unrecorded = j.state == JobState::kDispatched && j.attempt + 1 == held.attempt();
+    if (j.worker_id != worker_id || !(running_here || accepted_unrecorded)) continue;
+    if (accepted_unrecorded || j.state == JobState::kRunning) {
+      absl::StatusOr<bool> marked = store_.MarkRunning(j.id, held.attempt(), worker_id);
+      if (!marked.ok() || !*marked) continue;
+    }
+    j.state = JobState::kRunning;
+    j.attempt = held.attempt();
+    e.orphan_deadline = absl::InfiniteFuture();
+    if (e.run_deadline == absl::InfiniteFuture()) e.run_deadline = now + j.spec.timeout;
+    scheduler_.Adopt(j.id, j.spec.type, worker_id);
+    adopted.insert(j.id);
+    v1::HeldJob* a = w->add_adopted_jobs();
+    a->set_job_id(j.id);
+    a->set_attempt(j.attempt);
+  }
+  // Jobs this worker held that it no longer reports were lost with its previous process.
+  std::vector<std::string> lost;
+  for (const auto& [id, e] : jobs_) {
+    if (e.job.worker_id == worker_id && !adopted.contains(id) &&
+        (e.job.state == JobState::kDispatched || e.job.state == JobState::kRunning)) {
+      lost.push_back(id);
+    }
+  }
+  for (const std::string& id : lost) {
+    scheduler_.Finished(id);
+    Orphan(jobs_.at(id), "the worker reconnected without it", now);
+  }
+  server::Log("dispatch")->info(
+      "worker connected worker={} peer={} slots={} types={} adopted={} lost={}", worker_id,
+      s.peer, hello.slots(), hello.types_size(), adopted.size(), lost.size());
+  link->Send(std::move(welcome));
+}
+
+void Dispatcher::OnAccept(const std::string& worker_id, const v1::Accept& accept, absl::Time now) {
+  auto it = jobs_.find(accept.job_id());
+  if (it != jobs_.end()) {
+    Entry& e = it->second;
+    job::Job& j = e.job;
+    if (j.state == JobState::kRunning && j.worker_id == worker_id && j.attempt == accept.attempt()) {
+      return;  // a repeated accept
+    }
+    if (j.state == JobState::kDispatched && j.worker_id == worker_id &&
+        j.attempt + 1 == accept.attempt()) {
+      absl::StatusOr<bool> marked = store_.MarkRunning(j.id, accept.attempt(), worker_id);
+      if (!marked.ok()) {
+        // The worker runs it; its result will settle the row (Finish accepts DISPATCHED).
+        server::Log("dispatch")->warn("mark running failed job={} status={}", j.id,
+                                      marked.status().ToString());
+        return;
+      }
+      if (*marked) {
+        j.state = JobState::kRunning;
+        j.attempt = accept.attempt();
+        e.run_deadline = now + j.spec.timeout;
+        events_.Publish(j.id, JobState::kRunning);
+        return;
+      }
+    }
+  }
+  // Not this worker's attempt to run (cancelled, expired, re-dispatched): stop it.
+  SendCancel(worker_id, accept.job_id(), accept.attempt(), "attempt is no longer current");
+}
+
+void Dispatcher::OnReject(const std::string& worker_id, const v1::Reject& reject) {
+  auto it = jobs_.find(reject.job_id());
+  if (it == jobs_.end()) return;
+  Entry& e = it->second;
+  if (e.job.state != JobState::kDispatched || e.job.worker_id != worker_id ||
+      e.job.attempt + 1 != reject.attempt()) {
+    return;
+  }
+  server::Log("dispatch")->debug("refused job={} worker={} reason={}", e.job.id, worker_id,
+                                 v1::Reject::Reason_Name(reject.reason()));
+  scheduler_.Refused(e.job.id);
+  if (reject.reason() == v1::Reject::REASON_DRAINING) scheduler_.SetDraining(worker_id, true);
+  Requeue(e, e.job.spec.not_before);
+}
+
+void Dispatcher::OnResult(const std::string& worker_id, const v1::Result& result,
+                          absl::Time now) {
+  v1::DaemonMessage ack;
+  ack.mutable_result_ack()->set_job_id(result.job_id());
+  ack.mutable_result_ack()->set_attempt(result.attempt());
+
+  auto it = jobs_.find(result.job_id());
+  bool current = false;
+  if (it != jobs_.end()) {
+    const job::Job& j = it->second.job;
+    current = j.worker_id == worker_id &&
+              ((j.state == JobState::kRunning && j.attempt == result.attempt()) ||
+               (j.state == JobState::kDispatched && j.attempt + 1 == result.attempt()));
+  }
+  if (!current) {
+    server::Log("dispatch")->info("discarded stale result job={} attempt={} worker={}",
+                                  result.job_id(), result.attempt(), worker_id);
+    SendTo(worker_id, std::move(ack));
+    return;
+  }
+  Entry& e = it->second;
+  const std::string job_id = e.job.id;
+  if (result.has_failure()) {
+    scheduler_.Finished(job_id);
+    FailAttempt(e, result.attempt(), result.failure().message(), result.failure().retryable(),
+                now);
+  } else {
+    absl::StatusOr<bool> done = store_.Finish(store::FinishRequest{
+        .job_id = job_id, .attempt = result.attempt(), .state = JobState::kSucceeded,
+        .result = result.output()});
+    if (!done.ok()) {
+      // Not durable: no ack, and a new stream makes the worker send the result again.
+      server::Log("dispatch")->warn("finish failed job={} status={}", job_id,
+                                    done.status().ToString());
+      if (auto s = sessions_.find(worker_id); s != sessions_.end() && s->second.link) {
+        s->second.link->Close(absl::UnavailableError("database unavailable; reconnect"));
+      }
+      return;
+    }
+    scheduler_.Finished(job_id);
+    jobs_.erase(it);
+    if (*done) events_.Publish(job_id, JobState::kSucceeded);
+  }
+  SendTo(worker_id, std::move(ack));
+}
+
+void Dispatcher::OnDisconnect(const std::shared_ptr<WorkerLink>& link, absl::Time now) {
+  std::string worker_id = WorkerIdOf(link);
+  if (worker_id.empty()) return;
+  Session& s = sessions_[worker_id];
+  s.link = nullptr;
+  s.last_seen = std::max(s.last_seen, now);
+  bool holds_jobs = false;
+  for (const sched::WorkerView& w : scheduler_.Workers()) holds_jobs |= (w.id == worker_id && w.busy > 0);
+  if (!holds_jobs) {
+    scheduler_.RemoveWorker(worker_id);
+    sessions_.erase(worker_id);
+    server::Log("dispatch")->info("worker disconnected worker={}", worker_id);
+    return;
+  }
+  // Its jobs may still be running: wait for it to reconnect before giving them away.
+  scheduler_.SetDraining(worker_id, true);
+  server::Log("dispatch")->warn("worker stream lost worker={}; holding its jobs until it "
+                                "reconnects or goes stale", worker_id);
+}
+
+void Dispatcher::LoseWorker(const std::string& worker_id, const std::string& reason) {
+  auto it = sessions_.find(worker_id);
+  if (it == sessions_.end()) return;
+  if (it->second.link) it->second.link->Close(absl::UnavailableError("worker declared lost"));
+  sessions_.erase(it);
+  std::vector<std::string> orphans = scheduler_.RemoveWorker(worker_id);
+  server::Log("dispatch")->warn("worker lost worker={} reason=\"{}\" jobs={}", worker_id, reason,
+                                orphans.size());
+  const absl::Time now = clock_.TimeNow();
+  for (const std::string& id : orphans) {
+    if (auto e = jobs_.find(id); e != jobs_.end()) {
+      Orphan(e->second, absl::StrCat("worker ", worker_id, " lost: ", reason), now);
+    }
+  }
+}
+
+void Dispatcher::Orphan(Entry& entry, const std::string& reason, absl::Time now) {
+  job::Job& j = entry.job;
+  if (j.state == JobState::kDispatched) {
+    Requeue(entry, j.spec.not_before);
+    return;
+  }
+  if (j.state != JobState::kRunning) return;
+  const config::JobTypeConfig* type = TypeOf(j);
+  bool requeue = type == nullptr || type->on_orphan == config::OnOrphan::kRequeue;
+  FailAttempt(entry, j.attempt, absl::StrCat("interrupted: ", reason), requeue, now);
+}
+
+void Dispatcher::FailAttempt(Entry& entry, int32_t attempt, const std::string& error,
+                             bool retryable, absl::Time now) {
+  job::Job& j = entry.job;
+  const std::string job_id = j.id;
+  if (retryable && attempt < j.spec.max_attempts) {
+    const config::JobTypeConfig* type = TypeOf(j);
+    absl::Time not_before = now + (type ? sched::RetryBackoff(*type, attempt) : absl::Seconds(1));
+    absl::StatusOr<bool> ok = store_.Retry(job_id, attempt, not_before, error);
+    if (ok.ok() && *ok) {
+      j.state = JobState::kQueued;
+      j.attempt = attempt;
+      j.worker_id.clear();
+      j.error = error;
+      j.spec.not_before = not_before;
+      entry.run_deadline = absl::InfiniteFuture();
+      scheduler_.Enqueue(ToPending(j));
+      server::Log("dispatch")->info("retry job={} attempt={} after={} error=\"{}\"", job_id, attempt,
+                                    absl::FormatDuration(not_before - now), error);
+      events_.Publish(job_id, JobState::kQueued);
+      return;
+    }
+    if (!ok.ok()) {
+      server::Log("dispatch")->warn("retry failed job={} status={}", job_id, ok.status().ToString());
+      return;  // stays RUNNING in the store; its deadline sweep or a restart settles it
+    }
+    jobs_.erase(job_id);  // the row moved on (cancelled)
+    return;
+  }
+  absl::StatusOr<bool> done = store_.Finish(store::FinishRequest{
+      .job_id = job_id, .attempt = attempt, .state = JobState::kFailed, .error = error});
+  if (!done.ok()) {
+    server::Log("dispatch")->warn("finish failed job={} status={}", job_id,
+                                  done.status().ToString());
+    return;
+  }
+  jobs_.erase(job_id);
+  if (*done) {
+    server::Log("dispatch")->info("failed job={} attempt={} error=\"{}\"", job_id, attempt, error);
+    events_.Publish(job_id, JobState::kFailed);
+  }
+}
+
+void Dispatcher::Requeue(Entry& entry, absl::Time not_before) {
+  job::Job& j = entry.job;
+  absl::StatusOr<bool> ok = store_.ReturnToQueue(j.id, j.attempt);
+  if (!ok.ok()) {
+    server::Log("dispatch")->warn("return to queue failed job={} status={}", j.id,
+                                  ok.status().ToString());
+    unreturned_.push_back(j.id);
+    return;
+  }
+  if (!*ok) {
+    jobs_.erase(j.id);  // the row moved on (cancelled)
+    return;
+  }
+  j.state = JobState::kQueued;
+  j.worker_id.clear();
+  j.spec.not_before = not_before;
+  scheduler_.Enqueue(ToPending(j));
+  events_.Publish(j.id, JobState::kQueued);
+}
+
+void Dispatcher::SendTo(const std::string& worker_id, v1::DaemonMessage msg) {
+  auto it = sessions_.find(worker_id);
+  if (it != sessions_.end() && it->second.link) it->second.link->Send(std::move(msg));
+}
+
+void Dispatcher::SendCancel(const std::string& worker_id, const std::string& job_id,
+                            int32_t attempt, const std::string& reason) {
+  v1::DaemonMessage msg;
+  v1::CancelJob* c = msg.mutable_cancel();
+  c->set_job_id(job_id);
+  c->set_attempt(attempt);
+  c->set_reason(reason);
+  SendTo(worker_id, std::move(msg));
+}
+
+sched::PendingJob Dispatcher::ToPending(const job::Job& job) const {
+  return sched::PendingJob{.id = job.id,
+                           .type = job.spec.type,
+                           .attempt = job.attempt,
+                           .labels = job.spec.labels,
+                           .not_before = job.spec.not_before,
+                           .arrival = job.created_at};
+}
+
+const config::JobTypeConfig* Dispatcher::TypeOf(const job::Job& job) const {
+  return config_.FindType(job.spec.type);
+}
+
+std::string Dispatcher::WorkerIdOf(const std::shared_ptr<WorkerLink>& link) const {
+  for (const auto& [id, s] : sessions_) {
+    if (s.link == link) return id;
+  }
+  return "";
+}
+
+}  // namespace dispatchd::dispatch

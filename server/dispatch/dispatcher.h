@@ -1,0 +1,132 @@
+#pragma once
+
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "dispatchd/v1/admin_service.pb.h"
+#include "dispatchd/v1/worker_service.pb.h"
+#include "lib/config/config.h"
+#include "lib/job/job.h"
+#include "lib/sched/scheduler.h"
+#include "lib/util/clock.h"
+#include "server/dispatch/job_events.h"
+#include "server/dispatch/worker_link.h"
+#include "server/store/job_store.h"
+
+namespace dispatchd::dispatch {
+
+// Connects the scheduler to the store and the worker streams. It owns the sched::Scheduler and
+// every in-memory view of jobs and workers, and runs them on one thread (the loop): RPC handlers
+// and worker streams post events, the loop applies them, asks the scheduler for decisions,
+// commits each transition to the store as a compare-and-set and only then tells workers and
+// watchers. The store stays the record of truth: a transition the store refuses (the row moved
+// on, e.g. a concurrent cancel) is dropped here too.
+//
+// Usage:
+//   Dispatcher d(config, store, clock, events);
+//   DISPATCHD_RETURN_IF_ERROR(d.Start());   // loads active jobs, starts the loop
+//   d.JobQueued(job);                        // after the job's row is committed
+//
+// Thread-safe: public methods post to the loop and return at once (Workers() waits for it).
+class Dispatcher {
+ public:
+  Dispatcher(config::Config config, store::JobStore& store, Clock& clock, JobEvents& events);
+  ~Dispatcher();
+  Dispatcher(const Dispatcher&) = delete;
+  Dispatcher& operator=(const Dispatcher&) = delete;
+
+  // Loads QUEUED, DISPATCHED and RUNNING jobs from the store and starts the loop. Jobs that were
+  // dispatched or running wait `orphan_grace` for their workers to reconnect and report them.
+  absl::Status Start();
+  // Stops the loop and ends every worker stream. Jobs keep their rows; workers reconnect to the
+  // next daemon and report what they still run.
+  void Stop();
+
+  // A job's QUEUED row was committed.
+  void JobQueued(job::Job job);
+  // A job's row moved to CANCELLED from `previous`; a worker running it is told to stop.
+  void JobCancelled(const std::string& job_id, job::JobState previous);
+
+  // A worker stream sent its Hello (already checked for required fields).
+  void WorkerConnected(std::shared_ptr<WorkerLink> link, v1::Hello hello);
+  // A later message on that stream.
+  void WorkerMessage(std::shared_ptr<WorkerLink> link, v1::WorkerMessage msg);
+  // The stream ended. Its jobs stay with the worker until it reconnects or goes stale.
+  void WorkerDisconnected(std::shared_ptr<WorkerLink> link);
+
+  // Connected workers, by rank. Waits for the loop.
+  std::vector<v1::WorkerInfo> Workers();
+
+ private:
+  // A job the daemon has not seen end.
+  struct Entry {
+    job::Job job;  // state and attempt as last committed
+    absl::Time run_deadline = absl::InfiniteFuture();     // RUNNING: execution timeout
+    absl::Time orphan_deadline = absl::InfiniteFuture();  // after a restart: re-attach grace
+  };
+  struct Session {
+    std::shared_ptr<WorkerLink> link;  // null while disconnected
+    v1::Hello hello;
+    std::string peer;
+    absl::Time connected_at;
+    absl::Time last_seen;
+  };
+
+  void Post(std::function<void()> task) ABSL_LOCKS_EXCLUDED(mu_);
+  void Loop() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Everything below runs on the loop thread only.
+  void DispatchReady(absl::Time now);
+  void Sweep(absl::Time now);
+  void OnHello(const std::shared_ptr<WorkerLink>& link, const v1::Hello& hello, absl::Time now);
+  void OnAccept(const std::string& worker_id, const v1::Accept& accept, absl::Time now);
+  void OnReject(const std::string& worker_id, const v1::Reject& reject);
+  void OnResult(const std::string& worker_id, const v1::Result& result, absl::Time now);
+  void OnDisconnect(const std::shared_ptr<WorkerLink>& link, absl::Time now);
+  void LoseWorker(const std::string& worker_id, const std::string& reason);
+  // A job whose worker is gone: DISPATCHED returns to the queue, RUNNING follows on_orphan.
+  void Orphan(Entry& entry, const std::string& reason, absl::Time now);
+  // Ends a RUNNING attempt as failed: retried after backoff while attempts remain.
+  void FailAttempt(Entry& entry, int32_t attempt, const std::string& error, bool retryable,
+                   absl::Time now);
+  void Requeue(Entry& entry, absl::Time not_before);
+  void Finish(const std::string& job_id, job::JobState state, const std::string& result,
+              const std::string& error);
+  void SendTo(const std::string& worker_id, v1::DaemonMessage msg);
+  void SendCancel(const std::string& worker_id, const std::string& job_id, int32_t attempt,
+                  const std::string& reason);
+  sched::PendingJob ToPending(const job::Job& job) const;
+  const config::JobTypeConfig* TypeOf(const job::Job& job) const;
+  // The worker id of the session whose link this is, or empty.
+  std::string WorkerIdOf(const std::shared_ptr<WorkerLink>& link) const;
+
+  const config::Config config_;
+  store::JobStore& store_;
+  Clock& clock_;
+  JobEvents& events_;
+
+  absl::Mutex mu_;
+  std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread loop_;
+
+  // Loop-confined state.
+  sched::Scheduler scheduler_;
+  absl::flat_hash_map<std::string, Entry> jobs_;
+  absl::flat_hash_map<std::string, Session> sessions_;
+  std::vector<std::string> unreturned_;  // DISPATCHED rows a failed write left to return
+  absl::Time next_sweep_ = absl::InfinitePast();
+  absl::Time next_expiry_ = absl::InfinitePast();
+  absl::Time dispatch_paused_until_ = absl::InfinitePast();
+  uint64_t next_session_ = 1;
+};
+
+}  // namespace dispatchd::dispatch

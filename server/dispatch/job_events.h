@@ -1,0 +1,38 @@
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "lib/job/job.h"
+
+namespace dispatchd::dispatch {
+
+// Fan-out of job state changes to RunSync and Watch calls. The dispatcher publishes each change
+// it commits; subscribers re-read the job from the store for the full record.
+// Callbacks run on the publishing thread (the dispatcher loop) under this object's lock, so they
+// must only hand work off and must not call back into JobEvents. Once Unsubscribe returns, the
+// callback is neither running nor will run. Thread-safe.
+class JobEvents {
+ public:
+  using Callback = std::function<void(job::JobState)>;
+
+  uint64_t Subscribe(const std::string& job_id, Callback callback) ABSL_LOCKS_EXCLUDED(mu_);
+  void Unsubscribe(uint64_t token) ABSL_LOCKS_EXCLUDED(mu_);
+  void Publish(const std::string& job_id, job::JobState state) ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  struct Subscription {
+    uint64_t token;
+    Callback callback;
+  };
+  absl::Mutex mu_;
+  uint64_t next_token_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::flat_hash_map<std::string, std::vector<Subscription>> by_job_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, std::string> job_of_token_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace dispatchd::dispatch

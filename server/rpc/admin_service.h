@@ -1,0 +1,31 @@
+#pragma once
+
+#include "dispatchd/v1/admin_service.grpc.pb.h"
+#include "lib/config/config.h"
+#include "server/dispatch/dispatcher.h"
+#include "server/store/job_store.h"
+#include "server/util/executor.h"
+
+namespace dispatchd::rpc {
+
+// AdminService: what the daemon is doing now. Thread-safe.
+class AdminServiceImpl final : public v1::AdminService::CallbackService {
+ public:
+  AdminServiceImpl(const config::Config& config, store::JobStore& store,
+                   dispatch::Dispatcher& dispatcher, server::Executor& executor)
+      : config_(config), store_(store), dispatcher_(dispatcher), executor_(executor) {}
+
+  grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* ctx, const v1::StatsRequest* req,
+                                  v1::StatsResponse* resp) override;
+  grpc::ServerUnaryReactor* ListWorkers(grpc::CallbackServerContext* ctx,
+                                        const v1::ListWorkersRequest* req,
+                                        v1::ListWorkersResponse* resp) override;
+
+ private:
+  const config::Config& config_;
+  store::JobStore& store_;
+  dispatch::Dispatcher& dispatcher_;
+  server::Executor& executor_;
+};
+
+}  // namespace dispatchd::rpc

@@ -1,0 +1,59 @@
+#pragma once
+
+#include "dispatchd/v1/job_service.grpc.pb.h"
+#include "lib/config/config.h"
+#include "lib/util/clock.h"
+#include "server/dispatch/dispatcher.h"
+#include "server/dispatch/job_events.h"
+#include "server/store/job_store.h"
+#include "server/util/executor.h"
+
+namespace dispatchd::rpc {
+
+// JobService over the gRPC callback API. Each method validates the request (naming the field in
+// any error), converts it, calls the store and the dispatcher, and maps the status back. Store
+// calls run on `executor`, never on gRPC's callback threads. Thread-safe.
+class JobServiceImpl final : public v1::JobService::CallbackService {
+ public:
+  JobServiceImpl(const config::Config& config, store::JobStore& store,
+                 dispatch::Dispatcher& dispatcher, dispatch::JobEvents& events,
+                 server::Executor& executor, Clock& clock)
+      : config_(config),
+        store_(store),
+        dispatcher_(dispatcher),
+        events_(events),
+        executor_(executor),
+        clock_(clock) {}
+
+  grpc::ServerUnaryReactor* Submit(grpc::CallbackServerContext* ctx, const v1::SubmitRequest* req,
+                                   v1::SubmitResponse* resp) override;
+  grpc::ServerUnaryReactor* RunSync(grpc::CallbackServerContext* ctx,
+                                    const v1::RunSyncRequest* req,
+                                    v1::RunSyncResponse* resp) override;
+  grpc::ServerUnaryReactor* Status(grpc::CallbackServerContext* ctx, const v1::StatusRequest* req,
+                                   v1::StatusResponse* resp) override;
+  grpc::ServerUnaryReactor* Cancel(grpc::CallbackServerContext* ctx, const v1::CancelRequest* req,
+                                   v1::CancelResponse* resp) override;
+  grpc::ServerWriteReactor<v1::WatchEvent>* Watch(grpc::CallbackServerContext* ctx,
+                                                  const v1::WatchRequest* req) override;
+
+  // Validates, records and queues a job: the shared first half of Submit and RunSync.
+  absl::StatusOr<store::InsertOutcome> Enqueue(const v1::JobSpec& spec, const std::string& peer);
+
+ private:
+  const config::Config& config_;
+  store::JobStore& store_;
+  dispatch::Dispatcher& dispatcher_;
+  dispatch::JobEvents& events_;
+  server::Executor& executor_;
+  Clock& clock_;
+};
+
+// Fairness key for a caller with no key of its own: its address without the port, so that one
+// client's connections share a key ("ipv4:127.0.0.1:53210" -> "ipv4:127.0.0.1").
+std::string PeerIdentity(const std::string& peer);
+
+// Validates a job id from the wire; InvalidArgument naming `field`.
+absl::Status CheckJobId(const std::string& id, absl::string_view field);
+
+}  // namespace dispatchd::rpc

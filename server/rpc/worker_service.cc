@@ -1,0 +1,172 @@
+#include "server/rpc/worker_service.h"
+
+#include <deque>
+#include <memory>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "server/util/grpc_status.h"
+#include "server/util/log.h"
+
+namespace dispatchd::rpc {
+namespace {
+
+constexpr int kMaxSlots = 100'000;
+constexpr int kMaxTypes = 1'000;
+constexpr size_t kMaxIdBytes = 256;
+
+class WorkerStream;
+
+// The dispatcher's handle on a stream. It outlives the reactor; once the reactor is done, sends
+// are dropped.
+class StreamLink final : public dispatch::WorkerLink {
+ public:
+  StreamLink(WorkerStream* stream, std::string peer) : stream_(stream), peer_(std::move(peer)) {}
+  void Send(v1::DaemonMessage msg) override;
+  void Close(const absl::Status& status) override;
+  std::string peer() const override { return peer_; }
+  void Detach() {
+    absl::MutexLock l(&mu_);
+    stream_ = nullptr;
+  }
+
+ private:
+  absl::Mutex mu_;
+  WorkerStream* stream_ ABSL_GUARDED_BY(mu_);
+  const std::string peer_;
+};
+
+class WorkerStream final : public grpc::ServerBidiReactor<v1::WorkerMessage, v1::DaemonMessage> {
+ public:
+  WorkerStream(dispatch::Dispatcher& dispatcher, std::string peer)
+      : dispatcher_(dispatcher), link_(std::make_shared<StreamLink>(this, std::move(peer))) {
+    StartRead(&in_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      if (said_hello_) dispatcher_.WorkerDisconnected(link_);
+      Close(absl::OkStatus());
+      return;
+    }
+    if (!said_hello_) {
+      absl::Status s = in_.has_hello() ? CheckHello(in_.hello())
+                                       : absl::InvalidArgumentError("hello: the first message of "
+                                                                    "a worker stream must be a Hello");
+      if (!s.ok()) {
+        server::Log("grpc")->warn("worker refused peer={} error=\"{}\"", link_->peer(), s.message());
+        Close(s);
+        return;
+      }
+      said_hello_ = true;
+      dispatcher_.WorkerConnected(link_, std::move(*in_.mutable_hello()));
+    } else {
+      dispatcher_.WorkerMessage(link_, std::move(in_));
+    }
+    in_.Clear();
+    StartRead(&in_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    const v1::DaemonMessage* next = nullptr;
+    bool finish = false;
+    {
+      absl::MutexLock l(&mu_);
+      out_.pop_front();
+      if (!ok) out_.clear();
+      if (!out_.empty()) {
+        next = &out_.front();
+      } else {
+        writing_ = false;
+        finish = close_requested_ && !finished_;
+        if (finish) finished_ = true;
+      }
+    }
+    if (next != nullptr) StartWrite(next);
+    if (finish) Finish(close_status_);
+  }
+
+  void OnDone() override {
+    link_->Detach();
+    if (said_hello_) dispatcher_.WorkerDisconnected(link_);
+    delete this;
+  }
+
+  void Send(v1::DaemonMessage msg) {
+    const v1::DaemonMessage* first = nullptr;
+    {
+      absl::MutexLock l(&mu_);
+      if (close_requested_) return;
+      out_.push_back(std::move(msg));
+      if (!writing_) {
+        writing_ = true;
+        first = &out_.front();
+      }
+    }
+    if (first != nullptr) StartWrite(first);
+  }
+
+  void Close(const absl::Status& status) {
+    bool finish_now = false;
+    {
+      absl::MutexLock l(&mu_);
+      if (close_requested_) return;
+      close_requested_ = true;
+      close_status_ = server::ToGrpcStatus(status);
+      if (!writing_) {
+        finished_ = true;
+        finish_now = true;
+      }
+    }
+    if (finish_now) Finish(close_status_);
+  }
+
+ private:
+  dispatch::Dispatcher& dispatcher_;
+  std::shared_ptr<StreamLink> link_;
+  v1::WorkerMessage in_;  // touched only by the read chain
+  bool said_hello_ = false;
+
+  absl::Mutex mu_;
+  std::deque<v1::DaemonMessage> out_ ABSL_GUARDED_BY(mu_);  // front is being written
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool close_requested_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::Status close_status_;  // written once before Finish
+};
+
+void StreamLink::Send(v1::DaemonMessage msg) {
+  absl::MutexLock l(&mu_);
+  if (stream_ != nullptr) stream_->Send(std::move(msg));
+}
+
+void StreamLink::Close(const absl::Status& status) {
+  absl::MutexLock l(&mu_);
+  if (stream_ != nullptr) stream_->Close(status);
+}
+
+}  // namespace
+
+absl::Status CheckHello(const v1::Hello& hello) {
+  if (hello.worker_id().empty()) return absl::InvalidArgumentError("hello.worker_id: required");
+  if (hello.worker_id().size() > kMaxIdBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("hello.worker_id: at most ", kMaxIdBytes, " bytes"));
+  }
+  if (hello.types().empty()) return absl::InvalidArgumentError("hello.types: at least one type");
+  if (hello.types_size() > kMaxTypes) {
+    return absl::InvalidArgumentError(absl::StrCat("hello.types: at most ", kMaxTypes));
+  }
+  if (hello.slots() < 1 || hello.slots() > kMaxSlots) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("hello.slots: must be in [1, ", kMaxSlots, "], got ", hello.slots()));
+  }
+  return absl::OkStatus();
+}
+
+grpc::ServerBidiReactor<v1::WorkerMessage, v1::DaemonMessage>* WorkerServiceImpl::Connect(
+    grpc::CallbackServerContext* ctx) {
+  return new WorkerStream(dispatcher_, ctx->peer());
+}
+
+}  // namespace dispatchd::rpc

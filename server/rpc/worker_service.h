@@ -1,0 +1,24 @@
+#pragma once
+
+#include "dispatchd/v1/worker_service.grpc.pb.h"
+#include "server/dispatch/dispatcher.h"
+
+namespace dispatchd::rpc {
+
+// WorkerService: one bidirectional stream per worker process, handed to the dispatcher as a
+// WorkerLink once its Hello checks out. No thread is held per stream. Thread-safe.
+class WorkerServiceImpl final : public v1::WorkerService::CallbackService {
+ public:
+  explicit WorkerServiceImpl(dispatch::Dispatcher& dispatcher) : dispatcher_(dispatcher) {}
+
+  grpc::ServerBidiReactor<v1::WorkerMessage, v1::DaemonMessage>* Connect(
+      grpc::CallbackServerContext* ctx) override;
+
+ private:
+  dispatch::Dispatcher& dispatcher_;
+};
+
+// OK, or InvalidArgument naming the bad field of a worker's Hello.
+absl::Status CheckHello(const v1::Hello& hello);
+
+}  // namespace dispatchd::rpc
