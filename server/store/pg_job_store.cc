@@ -1,0 +1,816 @@
+#include "server/store/pg_job_store.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "pqxx/array"
+#include "pqxx/binarystring"
+#include "pqxx/connection"
+#include "pqxx/except"
+#include "pqxx/nontransaction"
+#include "pqxx/result"
+#include "pqxx/transaction"
+#include <libpq-fe.h>
+
+#include "lib/util/status_macros.h"
+#include "server/store/migrations.h"
+#include "server/store/pg_error.h"
+
+namespace dispatchd::store {
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// SQL. Each statement is prepared once per connection under its name. Timestamps travel as
+// microseconds since the Unix epoch (int8): written with `timestamptz 'epoch' + $n * 1us` and
+// read with `(extract(epoch FROM col) * 1000000)::int8`, both exact (extract returns numeric).
+// NULL timestamps mean "not yet" and read back as absl::InfinitePast().
+
+struct Statement {
+  const char* name;
+  const char* sql;
+};
+
+// Columns of a job, in the order RowToJob reads them (see enum Col).
+#define DISPATCHD_PG_JOB_COLUMNS                                                              \
+  "id, type, payload, resource_id, fairness_key, idempotency_key, max_attempts, timeout_ms, " \
+  "(extract(epoch FROM dispatch_deadline_at - created_at) * 1000000)::int8, "                 \
+  "(extract(epoch FROM not_before) * 1000000)::int8, "                                        \
+  "ARRAY(SELECT ARRAY[key, value] FROM jsonb_each_text(labels)), "                            \
+  "state, attempt, worker_id, result, error, "                                                \
+  "(extract(epoch FROM created_at) * 1000000)::int8, "                                        \
+  "(extract(epoch FROM dispatched_at) * 1000000)::int8, "                                     \
+  "(extract(epoch FROM started_at) * 1000000)::int8, "                                        \
+  "(extract(epoch FROM finished_at) * 1000000)::int8, "                                       \
+  "(extract(epoch FROM updated_at) * 1000000)::int8"
+
+#define DISPATCHD_PG_ACTIVE_STATES "('QUEUED', 'DISPATCHED', 'RUNNING')"
+
+enum Col {
+  kColId,
+  kColType,
+  kColPayload,
+  kColResourceId,
+  kColFairnessKey,
+  kColIdempotencyKey,
+  kColMaxAttempts,
+  kColTimeoutMs,
+  kColDispatchDeadlineUs,
+  kColNotBeforeUs,
+  kColLabels,  // text[][]: {{key,value},...}
+  kColState,
+  kColAttempt,
+  kColWorkerId,
+  kColResult,
+  kColError,
+  kColCreatedUs,
+  kColDispatchedUs,
+  kColStartedUs,
+  kColFinishedUs,
+  kColUpdatedUs,
+};
+
+// $1 id, $2 type, $3 payload (binary), $4 resource_id, $5 fairness_key, $6 idempotency_key,
+// $7 label keys, $8 label values, $9 max_attempts, $10 timeout_ms, $11 dispatch deadline in us
+// (NULL: none), $12 not_before in us (NULL: none). Returns no row when deduplicated.
+// created_at and dispatch_deadline_at both use now(), so their difference is exactly the spec's.
+constexpr Statement kInsertJob{"insert_job", R"sql(
+INSERT INTO jobs (id, type, payload, resource_id, fairness_key, idempotency_key, labels, state,
+                  attempt, max_attempts, timeout_ms, dispatch_deadline_at, not_before,
+                  created_at, updated_at)
+VALUES ($1, $2, $3, $4, $5, $6, jsonb_object($7::text[], $8::text[]), 'QUEUED', 0, $9::int4,
+        $10::int8, now() + $11::int8 * interval '1 microsecond',
+        timestamptz 'epoch' + $12::int8 * interval '1 microsecond', now(), now())
+ON CONFLICT (fairness_key, idempotency_key) WHERE idempotency_key <> '' DO NOTHING
+RETURNING id)sql"};
+
+// $1 fairness_key, $2 idempotency_key.
+constexpr Statement kSelectByIdempotencyKey{"select_by_idempotency_key", R"sql(
+SELECT id FROM jobs WHERE fairness_key = $1 AND idempotency_key = $2 AND idempotency_key <> '')sql"};
+
+constexpr Statement kGetJob{"get_job",
+                            "SELECT " DISPATCHD_PG_JOB_COLUMNS " FROM jobs WHERE id = $1"};
+
+constexpr Statement kLoadActive{
+    "load_active", "SELECT " DISPATCHD_PG_JOB_COLUMNS
+                   " FROM jobs WHERE state IN " DISPATCHD_PG_ACTIVE_STATES " ORDER BY seq"};
+
+// $1 ids, $2 attempts, $3 worker ids: parallel arrays, one element per claim. Rows locked by
+// another session are skipped; a row whose state or attempt moved on does not match.
+constexpr Statement kClaim{"claim", R"sql(
+WITH req AS (
+  SELECT * FROM unnest($1::text[], $2::int4[], $3::text[]) AS r(id, attempt, worker_id)
+), c AS (
+  SELECT j.id, req.worker_id
+  FROM jobs j JOIN req ON j.id = req.id AND j.attempt = req.attempt
+  WHERE j.state = 'QUEUED'
+  FOR UPDATE OF j SKIP LOCKED
+)
+UPDATE jobs SET state = 'DISPATCHED', worker_id = c.worker_id, dispatched_at = now(),
+                updated_at = now()
+FROM c WHERE jobs.id = c.id
+RETURNING jobs.id)sql"};
+
+// $1 id, $2 attempt, $3 worker id. DISPATCHED at attempt-1 (accept) or RUNNING at attempt
+// (re-attach); started_at is set on accept only.
+constexpr Statement kMarkRunning{"mark_running", R"sql(
+UPDATE jobs SET state = 'RUNNING', attempt = $2::int4, worker_id = $3,
+                started_at = CASE WHEN state = 'DISPATCHED' THEN now() ELSE started_at END,
+                updated_at = now()
+WHERE id = $1 AND ((state = 'DISPATCHED' AND attempt = $2::int4 - 1) OR
+                   (state = 'RUNNING' AND attempt = $2::int4)))sql"};
+
+// $1 id, $2 attempt.
+constexpr Statement kReturnToQueue{"return_to_queue", R"sql(
+UPDATE jobs SET state = 'QUEUED', worker_id = '', updated_at = now()
+WHERE id = $1 AND state = 'DISPATCHED' AND attempt = $2::int4)sql"};
+
+// $1 id, $2 attempt, $3 not_before in us (NULL: at once), $4 error.
+constexpr Statement kRetry{"retry", R"sql(
+UPDATE jobs SET state = 'QUEUED', worker_id = '',
+                not_before = timestamptz 'epoch' + $3::int8 * interval '1 microsecond',
+                error = $4, updated_at = now()
+WHERE id = $1 AND state = 'RUNNING' AND attempt = $2::int4)sql"};
+
+// $1 id, $2 attempt, $3 terminal state, $4 result (binary), $5 error.
+constexpr Statement kFinish{"finish", R"sql(
+UPDATE jobs SET state = $3, attempt = $2::int4, result = $4, error = $5, finished_at = now(),
+                updated_at = now()
+WHERE id = $1 AND ((state = 'RUNNING' AND attempt = $2::int4) OR
+                   (state = 'DISPATCHED' AND attempt = $2::int4 - 1)))sql"};
+
+// $1 id. Run in the transaction that then cancels, so the state read is the state replaced.
+constexpr Statement kLockState{"lock_state", "SELECT state FROM jobs WHERE id = $1 FOR UPDATE"};
+
+// $1 id, $2 reason.
+constexpr Statement kCancel{
+    "cancel",
+    "UPDATE jobs SET state = 'CANCELLED', error = $2, finished_at = now(), "
+    "updated_at = now() WHERE id = $1 AND state IN " DISPATCHD_PG_ACTIVE_STATES
+    " RETURNING " DISPATCHD_PG_JOB_COLUMNS};
+
+// $1 now in us, $2 error. Rows locked by a concurrent claim are left for the next sweep.
+constexpr Statement kExpireOverdue{"expire_overdue", R"sql(
+WITH c AS (
+  SELECT id FROM jobs
+  WHERE state = 'QUEUED'
+    AND dispatch_deadline_at < timestamptz 'epoch' + $1::int8 * interval '1 microsecond'
+  FOR UPDATE SKIP LOCKED
+)
+UPDATE jobs SET state = 'EXPIRED', error = $2, finished_at = now(), updated_at = now()
+FROM c WHERE jobs.id = c.id
+RETURNING jobs.id)sql"};
+
+constexpr Statement kCountByTypeAndState{
+    "count_by_type_and_state",
+    "SELECT type, state, count(*) FROM jobs GROUP BY type, state ORDER BY type, state"};
+
+constexpr Statement kCountActive{
+    "count_active", "SELECT count(*) FROM jobs WHERE state IN " DISPATCHD_PG_ACTIVE_STATES};
+
+#undef DISPATCHD_PG_JOB_COLUMNS
+#undef DISPATCHD_PG_ACTIVE_STATES
+
+constexpr Statement kAllStatements[] = {
+    kInsertJob,
+    kSelectByIdempotencyKey,
+    kGetJob,
+    kLoadActive,
+    kClaim,
+    kMarkRunning,
+    kReturnToQueue,
+    kRetry,
+    kFinish,
+    kLockState,
+    kCancel,
+    kExpireOverdue,
+    kCountByTypeAndState,
+    kCountActive,
+};
+
+// ---------------------------------------------------------------------------------------------
+// Connection strings.
+
+// Where to connect, from the caller's URL: a libpq keyword/value string with connect_timeout
+// added, and a description for messages (host:port/db or the socket; never the password).
+struct Target {
+  std::string conninfo;
+  std::string endpoint;
+};
+
+// Quotes a libpq keyword/value value: single quotes, with \ and ' escaped by a backslash.
+std::string QuoteConninfoValue(absl::string_view value) {
+  return absl::StrCat("'", absl::StrReplaceAll(value, {{"\\", "\\\\"}, {"'", "\\'"}}), "'");
+}
+
+// The password written in `url` ("scheme://user:PASSWORD@host" or "password=PASSWORD"), so that
+// it can be masked in libpq's parse errors, which quote the input.
+std::string PasswordIn(absl::string_view url) {
+  if (size_t scheme = url.find("://"); scheme != absl::string_view::npos) {
+    absl::string_view rest = url.substr(scheme + 3);
+    rest = rest.substr(0, rest.find_first_of("/?"));
+    size_t at = rest.rfind('@');
+    if (at == absl::string_view::npos) return "";
+    absl::string_view userinfo = rest.substr(0, at);
+    size_t colon = userinfo.find(':');
+    return colon == absl::string_view::npos ? "" : std::string(userinfo.substr(colon + 1));
+  }
+  size_t key = url.find("password");
+  if (key == absl::string_view::npos) return "";
+  absl::string_view rest = url.substr(key + 8);
+  size_t eq = rest.find('=');
+  if (eq == absl::string_view::npos) return "";
+  rest = rest.substr(eq + 1);
+  while (!rest.empty() && rest.front() == ' ') rest.remove_prefix(1);
+  return std::string(rest.substr(0, rest.find(' ')));
+}
+
+absl::StatusOr<Target> ParseTarget(const std::string& url, absl::Duration connect_timeout) {
+  char* error = nullptr;
+  PQconninfoOption* options = PQconninfoParse(url.c_str(), &error);
+  if (options == nullptr) {
+    std::string reason = error != nullptr ? error : "out of memory";
+    PQfreemem(error);
+    if (std::string password = PasswordIn(url); !password.empty()) {
+      reason = absl::StrReplaceAll(reason, {{password, "***"}});
+    }
+    while (!reason.empty() && (reason.back() == '\n' || reason.back() == ' ')) reason.pop_back();
+    return absl::InvalidArgumentError(absl::StrCat("postgres: invalid connection URL: ", reason));
+  }
+  std::vector<std::string> parts;
+  std::string host, hostaddr, port, dbname, user;
+  bool has_timeout = false;
+  for (PQconninfoOption* o = options; o->keyword != nullptr; ++o) {
+    if (o->val == nullptr) continue;
+    const absl::string_view keyword = o->keyword;
+    if (keyword == "host") host = o->val;
+    if (keyword == "hostaddr") hostaddr = o->val;
+    if (keyword == "port") port = o->val;
+    if (keyword == "dbname") dbname = o->val;
+    if (keyword == "user") user = o->val;
+    if (keyword == "connect_timeout") has_timeout = true;
+    parts.push_back(absl::StrCat(keyword, "=", QuoteConninfoValue(o->val)));
+  }
+  PQconninfoFree(options);
+  if (!has_timeout && connect_timeout != absl::InfiniteDuration()) {
+    const int64_t seconds =
+        std::max<int64_t>(1, absl::ToInt64Seconds(absl::Ceil(connect_timeout, absl::Seconds(1))));
+    parts.push_back(absl::StrCat("connect_timeout=", seconds));
+  }
+  if (host.empty()) host = hostaddr;
+  if (port.empty()) port = "5432";
+  if (dbname.empty()) dbname = user;
+  std::string endpoint;
+  if (host.empty()) {
+    endpoint = absl::StrCat("local socket port ", port);
+  } else if (host.front() == '/' || host.front() == '@') {
+    endpoint = absl::StrCat("socket ", host, " port ", port);
+  } else {
+    endpoint = absl::StrCat(host, ":", port);
+  }
+  if (!dbname.empty()) absl::StrAppend(&endpoint, "/", dbname);
+  return Target{absl::StrJoin(parts, " "), std::move(endpoint)};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Conversions.
+
+// A PostgreSQL array literal of text elements: each element double-quoted, with double quotes
+// and backslashes escaped by a backslash, so any text (commas, braces, "NULL") reads back verbatim.
+std::string TextArrayLiteral(const std::vector<std::string>& items) {
+  std::string out = "{";
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (i > 0) out += ',';
+    out += '"';
+    for (char c : items[i]) {
+      if (c == '"' || c == '\\') out += '\\';
+      out += c;
+    }
+    out += '"';
+  }
+  out += '}';
+  return out;
+}
+
+std::string IntArrayLiteral(const std::vector<int32_t>& items) {
+  return absl::StrCat("{", absl::StrJoin(items, ","), "}");
+}
+
+// Microseconds since the epoch, or NULL for InfinitePast ("none").
+std::optional<int64_t> OptionalMicros(absl::Time t) {
+  if (t == absl::InfinitePast()) return std::nullopt;
+  return absl::ToUnixMicros(t);
+}
+
+absl::Time TimeFromField(const pqxx::field& f) {
+  if (f.is_null()) return absl::InfinitePast();
+  return absl::FromUnixMicros(f.as<int64_t>());
+}
+
+std::string BytesFromField(const pqxx::field& f) {
+  if (f.is_null()) return "";
+  return pqxx::binarystring(f).str();
+}
+
+std::string TextFromField(const pqxx::field& f) {
+  if (f.is_null()) return "";
+  return std::string(f.c_str(), f.size());
+}
+
+// The elements of a text array of any dimension, in storage order.
+absl::StatusOr<std::vector<std::string>> TextArrayFromField(const pqxx::field& f) {
+  std::vector<std::string> out;
+  if (f.is_null()) return out;
+  pqxx::array_parser parser = f.as_array();
+  while (true) {
+    auto [juncture, value] = parser.get_next();
+    switch (juncture) {
+      case pqxx::array_parser::string_value:
+        out.push_back(std::move(value));
+        break;
+      case pqxx::array_parser::null_value:
+        return absl::InternalError("unexpected NULL in a text array");
+      case pqxx::array_parser::row_start:
+      case pqxx::array_parser::row_end:
+        break;
+      case pqxx::array_parser::done:
+        return out;
+    }
+  }
+}
+
+absl::StatusOr<job::Job> RowToJob(const pqxx::row& r) {
+  job::Job job;
+  job.id = TextFromField(r[kColId]);
+  job.spec.type = TextFromField(r[kColType]);
+  job.spec.payload = BytesFromField(r[kColPayload]);
+  job.spec.resource_id = TextFromField(r[kColResourceId]);
+  job.spec.fairness_key = TextFromField(r[kColFairnessKey]);
+  job.spec.idempotency_key = TextFromField(r[kColIdempotencyKey]);
+  job.spec.max_attempts = r[kColMaxAttempts].as<int32_t>();
+  job.spec.timeout = absl::Milliseconds(r[kColTimeoutMs].as<int64_t>());
+  job.spec.dispatch_deadline = r[kColDispatchDeadlineUs].is_null()
+                                   ? absl::InfiniteDuration()
+                                   : absl::Microseconds(r[kColDispatchDeadlineUs].as<int64_t>());
+  job.spec.not_before = TimeFromField(r[kColNotBeforeUs]);
+  DISPATCHD_ASSIGN_OR_RETURN(std::vector<std::string> labels, TextArrayFromField(r[kColLabels]));
+  if (labels.size() % 2 != 0) {
+    return absl::InternalError(absl::StrCat("job ", job.id, ": malformed labels"));
+  }
+  for (size_t i = 0; i < labels.size(); i += 2) {
+    job.spec.labels[labels[i]] = std::move(labels[i + 1]);
+  }
+  const std::string state = TextFromField(r[kColState]);
+  std::optional<job::JobState> parsed = job::ParseJobState(state);
+  if (!parsed.has_value()) {
+    return absl::InternalError(absl::StrCat("job ", job.id, ": unknown state \"", state, "\""));
+  }
+  job.state = *parsed;
+  job.attempt = r[kColAttempt].as<int32_t>();
+  job.worker_id = TextFromField(r[kColWorkerId]);
+  job.result = BytesFromField(r[kColResult]);
+  job.error = TextFromField(r[kColError]);
+  job.created_at = TimeFromField(r[kColCreatedUs]);
+  job.dispatched_at = TimeFromField(r[kColDispatchedUs]);
+  job.started_at = TimeFromField(r[kColStartedUs]);
+  job.finished_at = TimeFromField(r[kColFinishedUs]);
+  job.updated_at = TimeFromField(r[kColUpdatedUs]);
+  return job;
+}
+
+std::vector<std::string> Ids(const pqxx::result& rows) {
+  std::vector<std::string> ids;
+  ids.reserve(rows.size());
+  for (const pqxx::row& row : rows) ids.push_back(TextFromField(row[0]));
+  return ids;
+}
+
+// libpq takes text parameters as C strings: a NUL would silently cut the value short.
+absl::Status CheckNoNul(absl::string_view field, absl::string_view value) {
+  if (absl::StrContains(value, absl::string_view("\0", 1))) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": contains a NUL byte"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateForInsert(const job::Job& job) {
+  const job::JobSpec& spec = job.spec;
+  if (job.id.empty()) return absl::InvalidArgumentError("id: must not be empty");
+  DISPATCHD_RETURN_IF_ERROR(CheckNoNul("id", job.id));
+  DISPATCHD_RETURN_IF_ERROR(CheckNoNul("type", spec.type));
+  DISPATCHD_RETURN_IF_ERROR(CheckNoNul("resource_id", spec.resource_id));
+  DISPATCHD_RETURN_IF_ERROR(CheckNoNul("fairness_key", spec.fairness_key));
+  DISPATCHD_RETURN_IF_ERROR(CheckNoNul("idempotency_key", spec.idempotency_key));
+  for (const auto& [key, value] : spec.labels) {
+    DISPATCHD_RETURN_IF_ERROR(CheckNoNul("labels", key));
+    DISPATCHD_RETURN_IF_ERROR(CheckNoNul("labels", value));
+  }
+  if (spec.max_attempts < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_attempts: must be >= 0, got ", spec.max_attempts));
+  }
+  if (spec.timeout < absl::ZeroDuration() || spec.timeout == absl::InfiniteDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("timeout: must be finite and >= 0, got ", absl::FormatDuration(spec.timeout)));
+  }
+  if (spec.dispatch_deadline < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("dispatch_deadline: must be >= 0, got ",
+                                                   absl::FormatDuration(spec.dispatch_deadline)));
+  }
+  if (spec.not_before == absl::InfiniteFuture()) {
+    return absl::InvalidArgumentError("not_before: must not be infinite-future");
+  }
+  return absl::OkStatus();
+}
+
+// True if the connection cannot be trusted for the next call.
+bool IsBroken(const std::exception& e, const pqxx::connection& conn) {
+  return dynamic_cast<const pqxx::broken_connection*>(&e) != nullptr ||
+         dynamic_cast<const pqxx::in_doubt_error*>(&e) != nullptr ||
+         dynamic_cast<const pqxx::statement_completion_unknown*>(&e) != nullptr || !conn.is_open();
+}
+
+// Opens a connection (no statements prepared yet). Unavailable names the endpoint.
+absl::StatusOr<std::unique_ptr<pqxx::connection>> OpenConnection(const Target& target) {
+  try {
+    return std::make_unique<pqxx::connection>(target.conninfo);
+  } catch (const std::exception& e) {
+    return TranslatePgError(e, absl::StrCat("postgres: cannot connect to ", target.endpoint));
+  }
+}
+
+// Prepares every statement on `conn` (one round trip each, once per connection), so a schema
+// that does not match fails at Connect rather than on first use.
+absl::Status PrepareStatements(pqxx::connection& conn, const Target& target) {
+  try {
+    for (const Statement& s : kAllStatements) {
+      conn.prepare(s.name, s.sql);
+      conn.prepare_now(s.name);
+    }
+    return absl::OkStatus();
+  } catch (const std::exception& e) {
+    return TranslatePgError(e, absl::StrCat("postgres ", target.endpoint, ": prepare statements"));
+  }
+}
+
+absl::StatusOr<std::unique_ptr<pqxx::connection>> OpenPrepared(const Target& target) {
+  DISPATCHD_ASSIGN_OR_RETURN(std::unique_ptr<pqxx::connection> conn, OpenConnection(target));
+  DISPATCHD_RETURN_IF_ERROR(PrepareStatements(*conn, target));
+  return conn;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Pool.
+
+// A fixed-size set of prepared connections. Checkout hands one connection to one caller; the
+// lease returns it when destroyed. A lease marked broken drops its connection, and a later
+// checkout opens a replacement. Thread-safe.
+class ConnectionPool {
+ public:
+  class Lease {
+   public:
+    Lease(ConnectionPool* pool, std::unique_ptr<pqxx::connection> conn)
+        : pool_(pool), conn_(std::move(conn)) {}
+    Lease(Lease&& other) noexcept
+        : pool_(std::exchange(other.pool_, nullptr)),
+          conn_(std::move(other.conn_)),
+          broken_(other.broken_) {}
+    Lease& operator=(Lease&&) = delete;
+    ~Lease() {
+      if (pool_ != nullptr) pool_->Return(std::move(conn_), broken_);
+    }
+
+    pqxx::connection& conn() { return *conn_; }
+    void MarkBroken() { broken_ = true; }
+
+   private:
+    ConnectionPool* pool_;
+    std::unique_ptr<pqxx::connection> conn_;
+    bool broken_ = false;
+  };
+
+  ConnectionPool(Target target, int size, std::vector<std::unique_ptr<pqxx::connection>> conns)
+      : target_(std::move(target)), size_(size), open_(static_cast<int>(conns.size())) {
+    idle_ = std::move(conns);
+  }
+
+  // Waits for an idle connection, or opens one if fewer than `size` are open. Unavailable if a
+  // replacement cannot be opened.
+  absl::StatusOr<Lease> Checkout() ABSL_LOCKS_EXCLUDED(mu_) {
+    {
+      absl::MutexLock l(&mu_);
+      mu_.Await(absl::Condition(this, &ConnectionPool::CanCheckout));
+      if (!idle_.empty()) {
+        std::unique_ptr<pqxx::connection> conn = std::move(idle_.back());
+        idle_.pop_back();
+        return Lease(this, std::move(conn));
+      }
+      ++open_;  // reserve the slot while connecting outside the lock
+    }
+    absl::StatusOr<std::unique_ptr<pqxx::connection>> conn = OpenPrepared(target_);
+    if (!conn.ok()) {
+      absl::MutexLock l(&mu_);
+      --open_;
+      return conn.status();
+    }
+    return Lease(this, *std::move(conn));
+  }
+
+ private:
+  bool CanCheckout() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !idle_.empty() || open_ < size_;
+  }
+
+  void Return(std::unique_ptr<pqxx::connection> conn, bool broken) ABSL_LOCKS_EXCLUDED(mu_) {
+    if (broken) conn.reset();  // closes outside the lock
+    absl::MutexLock l(&mu_);
+    if (broken) {
+      --open_;
+    } else {
+      idle_.push_back(std::move(conn));
+    }
+  }
+
+  const Target target_;
+  const int size_;
+
+  absl::Mutex mu_;
+  std::vector<std::unique_ptr<pqxx::connection>> idle_ ABSL_GUARDED_BY(mu_);
+  int open_ ABSL_GUARDED_BY(mu_);  // idle + leased + being opened
+};
+
+namespace {
+
+// Runs `body(conn)` on a pooled connection: the one place where PgJobStore catches, so every
+// public call translates exceptions exactly once and no exception leaves the store.
+template <typename Body>
+auto WithConnection(ConnectionPool& pool, absl::string_view what, Body&& body)
+    -> decltype(body(std::declval<pqxx::connection&>())) {
+  DISPATCHD_ASSIGN_OR_RETURN(ConnectionPool::Lease lease, pool.Checkout());
+  try {
+    return body(lease.conn());
+  } catch (const std::exception& e) {
+    if (IsBroken(e, lease.conn())) lease.MarkBroken();
+    return TranslatePgError(e, what);
+  } catch (...) {
+    lease.MarkBroken();
+    return absl::InternalError(absl::StrCat(what, ": unknown exception"));
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// PgJobStore.
+
+PgJobStore::PgJobStore(std::unique_ptr<ConnectionPool> pool) : pool_(std::move(pool)) {}
+
+PgJobStore::~PgJobStore() = default;
+
+absl::StatusOr<std::unique_ptr<PgJobStore>> PgJobStore::Connect(const PgStoreOptions& options) {
+  if (options.pool_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pool_size: must be >= 1, got ", options.pool_size));
+  }
+  if (options.connect_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("connect_timeout: must be > 0, got ",
+                                                   absl::FormatDuration(options.connect_timeout)));
+  }
+  DISPATCHD_ASSIGN_OR_RETURN(Target target, ParseTarget(options.url, options.connect_timeout));
+
+  std::vector<std::unique_ptr<pqxx::connection>> conns;
+  DISPATCHD_ASSIGN_OR_RETURN(std::unique_ptr<pqxx::connection> first, OpenConnection(target));
+  if (absl::Status migrated = ApplyMigrations(*first); !migrated.ok()) {
+    return absl::Status(migrated.code(),
+                        absl::StrCat("postgres ", target.endpoint, ": ", migrated.message()));
+  }
+  DISPATCHD_RETURN_IF_ERROR(PrepareStatements(*first, target));
+  conns.push_back(std::move(first));
+  while (static_cast<int>(conns.size()) < options.pool_size) {
+    DISPATCHD_ASSIGN_OR_RETURN(std::unique_ptr<pqxx::connection> conn, OpenPrepared(target));
+    conns.push_back(std::move(conn));
+  }
+  const int size = options.pool_size;
+  return std::unique_ptr<PgJobStore>(
+      new PgJobStore(std::make_unique<ConnectionPool>(std::move(target), size, std::move(conns))));
+}
+
+absl::StatusOr<InsertOutcome> PgJobStore::Insert(const job::Job& job) {
+  DISPATCHD_RETURN_IF_ERROR(ValidateForInsert(job));
+  std::vector<std::string> label_keys, label_values;
+  for (const auto& [key, value] : job.spec.labels) {
+    label_keys.push_back(key);
+    label_values.push_back(value);
+  }
+  std::optional<int64_t> deadline_us;
+  if (job.spec.dispatch_deadline != absl::InfiniteDuration()) {
+    deadline_us = absl::ToInt64Microseconds(job.spec.dispatch_deadline);
+  }
+  const int64_t timeout_ms = absl::ToInt64Milliseconds(job.spec.timeout);
+  return WithConnection(
+      *pool_, absl::StrCat("insert job ", job.id),
+      [&](pqxx::connection& conn) -> absl::StatusOr<InsertOutcome> {
+        // Autocommit: each statement is its own transaction, durable when it returns. A
+        // concurrent insert of the same key makes ON CONFLICT wait for it; the SELECT after it
+        // takes a new snapshot and sees that row.
+        pqxx::nontransaction txn(conn);
+        pqxx::result inserted = txn.exec_prepared(
+            kInsertJob.name, job.id, job.spec.type, pqxx::binarystring(job.spec.payload),
+            job.spec.resource_id, job.spec.fairness_key, job.spec.idempotency_key,
+            TextArrayLiteral(label_keys), TextArrayLiteral(label_values), job.spec.max_attempts,
+            timeout_ms, deadline_us, OptionalMicros(job.spec.not_before));
+        if (!inserted.empty()) return InsertOutcome{.job_id = job.id, .deduplicated = false};
+        pqxx::result existing = txn.exec_prepared(kSelectByIdempotencyKey.name,
+                                                  job.spec.fairness_key, job.spec.idempotency_key);
+        if (existing.empty()) {
+          // The conflicting row was deleted between the two statements (retention pruning).
+          return absl::AbortedError(
+              absl::StrCat("insert job ", job.id, ": idempotency key conflict vanished; retry"));
+        }
+        return InsertOutcome{.job_id = TextFromField(existing[0][0]), .deduplicated = true};
+      });
+}
+
+absl::StatusOr<job::Job> PgJobStore::Get(const std::string& job_id) {
+  return WithConnection(*pool_, absl::StrCat("get job ", job_id),
+                        [&](pqxx::connection& conn) -> absl::StatusOr<job::Job> {
+                          pqxx::nontransaction txn(conn);
+                          pqxx::result rows = txn.exec_prepared(kGetJob.name, job_id);
+                          if (rows.empty()) {
+                            return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
+                          }
+                          return RowToJob(rows[0]);
+                        });
+}
+
+absl::StatusOr<std::vector<job::Job>> PgJobStore::LoadActive() {
+  return WithConnection(*pool_, "load active jobs",
+                        [&](pqxx::connection& conn) -> absl::StatusOr<std::vector<job::Job>> {
+                          pqxx::nontransaction txn(conn);
+                          pqxx::result rows = txn.exec_prepared(kLoadActive.name);
+                          std::vector<job::Job> jobs;
+                          jobs.reserve(rows.size());
+                          for (const pqxx::row& row : rows) {
+                            DISPATCHD_ASSIGN_OR_RETURN(job::Job job, RowToJob(row));
+                            jobs.push_back(std::move(job));
+                          }
+                          return jobs;
+                        });
+}
+
+absl::StatusOr<std::vector<std::string>> PgJobStore::Claim(
+    const std::vector<ClaimRequest>& claims) {
+  if (claims.empty()) return std::vector<std::string>{};
+  std::vector<std::string> ids, workers;
+  std::vector<int32_t> attempts;
+  ids.reserve(claims.size());
+  workers.reserve(claims.size());
+  attempts.reserve(claims.size());
+  for (const ClaimRequest& c : claims) {
+    ids.push_back(c.job_id);
+    attempts.push_back(c.attempt);
+    workers.push_back(c.worker_id);
+  }
+  return WithConnection(
+      *pool_, absl::StrCat("claim ", claims.size(), " jobs"),
+      [&](pqxx::connection& conn) -> absl::StatusOr<std::vector<std::string>> {
+        pqxx::nontransaction txn(conn);
+        return Ids(txn.exec_prepared(kClaim.name, TextArrayLiteral(ids), IntArrayLiteral(attempts),
+                                     TextArrayLiteral(workers)));
+      });
+}
+
+absl::StatusOr<bool> PgJobStore::MarkRunning(const std::string& job_id, int32_t attempt,
+                                             const std::string& worker_id) {
+  return WithConnection(
+      *pool_, absl::StrCat("mark job ", job_id, " running"),
+      [&](pqxx::connection& conn) -> absl::StatusOr<bool> {
+        pqxx::nontransaction txn(conn);
+        return txn.exec_prepared(kMarkRunning.name, job_id, attempt, worker_id).affected_rows() ==
+               1;
+      });
+}
+
+absl::StatusOr<bool> PgJobStore::ReturnToQueue(const std::string& job_id, int32_t attempt) {
+  return WithConnection(
+      *pool_, absl::StrCat("return job ", job_id, " to the queue"),
+      [&](pqxx::connection& conn) -> absl::StatusOr<bool> {
+        pqxx::nontransaction txn(conn);
+        return txn.exec_prepared(kReturnToQueue.name, job_id, attempt).affected_rows() == 1;
+      });
+}
+
+absl::StatusOr<bool> PgJobStore::Retry(const std::string& job_id, int32_t attempt,
+                                       absl::Time not_before, const std::string& error) {
+  if (not_before == absl::InfiniteFuture()) {
+    return absl::InvalidArgumentError("not_before: must not be infinite-future");
+  }
+  return WithConnection(*pool_, absl::StrCat("retry job ", job_id),
+                        [&](pqxx::connection& conn) -> absl::StatusOr<bool> {
+                          pqxx::nontransaction txn(conn);
+                          return txn.exec_prepared(kRetry.name, job_id, attempt,
+                                                   OptionalMicros(not_before), error)
+                                     .affected_rows() == 1;
+                        });
+}
+
+absl::StatusOr<bool> PgJobStore::Finish(const FinishRequest& req) {
+  if (!job::IsTerminal(req.state) || req.state == job::JobState::kExpired) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "state: must be SUCCEEDED, FAILED or CANCELLED, got ", job::ToString(req.state)));
+  }
+  const std::string state(job::ToString(req.state));
+  return WithConnection(*pool_, absl::StrCat("finish job ", req.job_id),
+                        [&](pqxx::connection& conn) -> absl::StatusOr<bool> {
+                          pqxx::nontransaction txn(conn);
+                          return txn.exec_prepared(kFinish.name, req.job_id, req.attempt, state,
+                                                   pqxx::binarystring(req.result), req.error)
+                                     .affected_rows() == 1;
+                        });
+}
+
+absl::StatusOr<CancelOutcome> PgJobStore::Cancel(const std::string& job_id,
+                                                 const std::string& reason) {
+  return WithConnection(
+      *pool_, absl::StrCat("cancel job ", job_id),
+      [&](pqxx::connection& conn) -> absl::StatusOr<CancelOutcome> {
+        pqxx::work txn(conn);
+        pqxx::result locked = txn.exec_prepared(kLockState.name, job_id);
+        if (locked.empty()) return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
+        const std::string state = TextFromField(locked[0][0]);
+        std::optional<job::JobState> previous = job::ParseJobState(state);
+        if (!previous.has_value()) {
+          return absl::InternalError(absl::StrCat("job ", job_id, ": unknown state ", state));
+        }
+        if (job::IsTerminal(*previous)) {
+          return absl::FailedPreconditionError(
+              absl::StrCat("job ", job_id, " already ", job::ToString(*previous)));
+        }
+        pqxx::result rows = txn.exec_prepared(kCancel.name, job_id, reason);
+        if (rows.empty()) {
+          return absl::InternalError(absl::StrCat("job ", job_id, ": locked row not cancelled"));
+        }
+        DISPATCHD_ASSIGN_OR_RETURN(job::Job job, RowToJob(rows[0]));
+        txn.commit();
+        return CancelOutcome{.job = std::move(job), .previous = *previous};
+      });
+}
+
+absl::StatusOr<std::vector<std::string>> PgJobStore::ExpireOverdue(absl::Time now,
+                                                                   const std::string& error) {
+  if (now == absl::InfinitePast()) return std::vector<std::string>{};
+  if (now == absl::InfiniteFuture()) {
+    return absl::InvalidArgumentError("now: must not be infinite-future");
+  }
+  return WithConnection(
+      *pool_, "expire overdue jobs",
+      [&](pqxx::connection& conn) -> absl::StatusOr<std::vector<std::string>> {
+        pqxx::nontransaction txn(conn);
+        return Ids(txn.exec_prepared(kExpireOverdue.name, absl::ToUnixMicros(now), error));
+      });
+}
+
+absl::StatusOr<std::vector<TypeStateCount>> PgJobStore::CountByTypeAndState() {
+  return WithConnection(
+      *pool_, "count jobs by type and state",
+      [&](pqxx::connection& conn) -> absl::StatusOr<std::vector<TypeStateCount>> {
+        pqxx::nontransaction txn(conn);
+        pqxx::result rows = txn.exec_prepared(kCountByTypeAndState.name);
+        std::vector<TypeStateCount> counts;
+        counts.reserve(rows.size());
+        for (const pqxx::row& row : rows) {
+          const std::string state = TextFromField(row[1]);
+          std::optional<job::JobState> parsed = job::ParseJobState(state);
+          if (!parsed.has_value()) {
+            return absl::InternalError(absl::StrCat("unknown job state \"", state, "\""));
+          }
+          counts.push_back(TypeStateCount{
+              .type = TextFromField(row[0]), .state = *parsed, .count = row[2].as<int64_t>()});
+        }
+        return counts;
+      });
+}
+
+absl::StatusOr<int64_t> PgJobStore::CountActive() {
+  return WithConnection(*pool_, "count active jobs",
+                        [&](pqxx::connection& conn) -> absl::StatusOr<int64_t> {
+                          pqxx::nontransaction txn(conn);
+                          return txn.exec_prepared(kCountActive.name)[0][0].as<int64_t>();
+                        });
+}
+
+}  // namespace dispatchd::store

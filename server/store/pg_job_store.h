@@ -1,0 +1,76 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+#include "lib/job/job.h"
+#include "server/store/job_store.h"
+
+namespace dispatchd::store {
+
+struct PgStoreOptions {
+  // libpq connection URL or keyword/value string, e.g. "postgresql://dispatchd@127.0.0.1:5432/db".
+  std::string url;
+  // Connections kept open; at most this many calls run at once, others wait for a free one.
+  int pool_size = 4;
+  // Bound on establishing each connection (libpq connect_timeout, whole seconds, at least 1).
+  absl::Duration connect_timeout = absl::Seconds(5);
+};
+
+class ConnectionPool;
+
+// JobStore on PostgreSQL (see job_store.h for the contract of each call).
+//
+//   absl::StatusOr<std::unique_ptr<PgJobStore>> store = PgJobStore::Connect({.url = url});
+//
+// Every call checks a connection out of a pool for its duration, so a connection is never used
+// by two threads at once; each call is one transaction, committed (durable) before it returns.
+// A connection that breaks fails its call with Unavailable and is replaced on a later checkout.
+// Thread-safe.
+class PgJobStore final : public JobStore {
+ public:
+  // Opens `options.pool_size` connections, brings the schema up to date (migrations.h) and
+  // prepares the statements on each connection. Unavailable if the server cannot be reached (the
+  // message names host, port and database, never a password); InvalidArgument for bad options.
+  static absl::StatusOr<std::unique_ptr<PgJobStore>> Connect(const PgStoreOptions& options);
+
+  ~PgJobStore() override;
+  PgJobStore(const PgJobStore&) = delete;
+  PgJobStore& operator=(const PgJobStore&) = delete;
+
+  // Besides the JobStore contract: InvalidArgument for a negative or infinite timeout, a negative
+  // dispatch deadline, a negative max_attempts or an infinite-future not_before. The spec's
+  // timeout is kept in whole milliseconds.
+  absl::StatusOr<InsertOutcome> Insert(const job::Job& job) override;
+  absl::StatusOr<job::Job> Get(const std::string& job_id) override;
+  absl::StatusOr<std::vector<job::Job>> LoadActive() override;
+  absl::StatusOr<std::vector<std::string>> Claim(const std::vector<ClaimRequest>& claims) override;
+  absl::StatusOr<bool> MarkRunning(const std::string& job_id, int32_t attempt,
+                                   const std::string& worker_id) override;
+  absl::StatusOr<bool> ReturnToQueue(const std::string& job_id, int32_t attempt) override;
+  absl::StatusOr<bool> Retry(const std::string& job_id, int32_t attempt, absl::Time not_before,
+                             const std::string& error) override;
+  // Besides the JobStore contract: a DISPATCHED row at attempt-1 (a result that overtook its
+  // accept) also finishes, and takes `req.attempt`. InvalidArgument unless `req.state` is
+  // SUCCEEDED, FAILED or CANCELLED.
+  absl::StatusOr<bool> Finish(const FinishRequest& req) override;
+  absl::StatusOr<CancelOutcome> Cancel(const std::string& job_id,
+                                       const std::string& reason) override;
+  absl::StatusOr<std::vector<std::string>> ExpireOverdue(absl::Time now,
+                                                         const std::string& error) override;
+  absl::StatusOr<std::vector<TypeStateCount>> CountByTypeAndState() override;
+  absl::StatusOr<int64_t> CountActive() override;
+
+ private:
+  explicit PgJobStore(std::unique_ptr<ConnectionPool> pool);
+
+  std::unique_ptr<ConnectionPool> pool_;
+};
+
+}  // namespace dispatchd::store

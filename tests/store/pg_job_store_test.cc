@@ -1,0 +1,634 @@
+#include "server/store/pg_job_store.h"
+
+#include <algorithm>
+#include <chrono>
+#include <future>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "pqxx/connection"
+#include "pqxx/nontransaction"
+#include "pqxx/transaction"
+
+#include "lib/job/job.h"
+#include "server/store/job_store.h"
+#include "tests/testing/pg_test_db.h"
+#include "tests/testing/status_matchers.h"
+
+namespace dispatchd::store {
+namespace {
+
+using ::dispatchd::testing::IsOk;
+using ::dispatchd::testing::StatusIs;
+using ::dispatchd::testing::TestDatabase;
+using job::Job;
+using job::JobState;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::Not;
+using ::testing::UnorderedElementsAre;
+
+MATCHER_P(IsOkAndHolds, matcher, "is OK and holds a matching value") {
+  if (!arg.ok()) {
+    *result_listener << "status is " << arg.status().ToString();
+    return false;
+  }
+  return ::testing::ExplainMatchResult(matcher, *arg, result_listener);
+}
+
+Job MakeJob(const std::string& id, const std::string& type = "echo") {
+  Job job;
+  job.id = id;
+  job.spec.type = type;
+  job.spec.payload = "payload of " + id;
+  job.spec.max_attempts = 3;
+  job.spec.timeout = absl::Seconds(30);
+  return job;
+}
+
+class PgJobStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<TestDatabase> db = TestDatabase::Create("store");
+    ASSERT_THAT(db, IsOk());
+    db_.emplace(*std::move(db));
+    absl::StatusOr<std::unique_ptr<PgJobStore>> store = Connect();
+    ASSERT_THAT(store, IsOk());
+    store_ = *std::move(store);
+  }
+
+  absl::StatusOr<std::unique_ptr<PgJobStore>> Connect(int pool_size = 4) {
+    return PgJobStore::Connect(PgStoreOptions{.url = db_->url(), .pool_size = pool_size});
+  }
+
+  void Insert(const Job& job) {
+    absl::StatusOr<InsertOutcome> outcome = store_->Insert(job);
+    ASSERT_THAT(outcome, IsOk());
+    ASSERT_FALSE(outcome->deduplicated);
+  }
+
+  Job Get(const std::string& id) {
+    absl::StatusOr<Job> job = store_->Get(id);
+    EXPECT_THAT(job, IsOk());
+    return job.ok() ? *job : Job{};
+  }
+
+  // Inserts `id` and takes it to RUNNING at attempt 1 on `worker`.
+  void InsertRunning(const std::string& id, const std::string& worker = "w1") {
+    Insert(MakeJob(id));
+    ASSERT_THAT(store_->Claim({{.job_id = id, .attempt = 0, .worker_id = worker}}),
+                IsOkAndHolds(ElementsAre(id)));
+    ASSERT_THAT(store_->MarkRunning(id, 1, worker), IsOkAndHolds(true));
+  }
+
+  std::optional<TestDatabase> db_;  // declared first: destroyed after the store
+  std::unique_ptr<PgJobStore> store_;
+};
+
+TEST_F(PgJobStoreTest, InsertThenGetRoundTripsEveryField) {
+  Job job = MakeJob("j_round_trip", "llm.cover_letter");
+  job.spec.payload = std::string("\x00\x01\xff binary\0tail", 16);
+  job.spec.resource_id = "doc-7";
+  job.spec.fairness_key = "alice";
+  job.spec.idempotency_key = "idem-1";
+  job.spec.max_attempts = 5;
+  job.spec.timeout = absl::Milliseconds(90'500);
+  job.spec.dispatch_deadline = absl::Microseconds(12'345'678'901);
+  job.spec.not_before = absl::FromUnixMicros(1'700'000'000'123'457);
+  job.spec.labels = {{"gpu", "h100"},  {"quote\"s", "back\\slash"}, {"a,b", "{braces}"},
+                     {"null", "NULL"}, {"unicode", "grüße ✓"},      {"empty", ""}};
+  const absl::Time before = absl::Now() - absl::Seconds(5);
+  Insert(job);
+
+  Job got = Get(job.id);
+  EXPECT_EQ(got.id, job.id);
+  EXPECT_EQ(got.spec.type, job.spec.type);
+  EXPECT_EQ(got.spec.payload, job.spec.payload);
+  EXPECT_EQ(got.spec.resource_id, job.spec.resource_id);
+  EXPECT_EQ(got.spec.fairness_key, job.spec.fairness_key);
+  EXPECT_EQ(got.spec.idempotency_key, job.spec.idempotency_key);
+  EXPECT_EQ(got.spec.max_attempts, job.spec.max_attempts);
+  EXPECT_EQ(got.spec.timeout, job.spec.timeout);
+  EXPECT_EQ(got.spec.dispatch_deadline, job.spec.dispatch_deadline);
+  EXPECT_EQ(got.spec.not_before, job.spec.not_before);
+  EXPECT_EQ(got.spec.labels, job.spec.labels);
+  EXPECT_EQ(got.state, JobState::kQueued);
+  EXPECT_EQ(got.attempt, 0);
+  EXPECT_EQ(got.worker_id, "");
+  EXPECT_EQ(got.result, "");
+  EXPECT_EQ(got.error, "");
+  EXPECT_GT(got.created_at, before);
+  EXPECT_LT(got.created_at, absl::Now() + absl::Seconds(5));
+  EXPECT_EQ(got.updated_at, got.created_at);
+  EXPECT_EQ(got.dispatched_at, absl::InfinitePast());
+  EXPECT_EQ(got.started_at, absl::InfinitePast());
+  EXPECT_EQ(got.finished_at, absl::InfinitePast());
+}
+
+TEST_F(PgJobStoreTest, DefaultsRoundTripAsNone) {
+  Job job = MakeJob("j_defaults");
+  job.spec.payload = "";
+  Insert(job);
+  Job got = Get(job.id);
+  EXPECT_EQ(got.spec.payload, "");
+  EXPECT_EQ(got.spec.dispatch_deadline, absl::InfiniteDuration());
+  EXPECT_EQ(got.spec.not_before, absl::InfinitePast());
+  EXPECT_THAT(got.spec.labels, IsEmpty());
+}
+
+TEST_F(PgJobStoreTest, GetUnknownIdIsNotFound) {
+  EXPECT_THAT(store_->Get("j_nope"), StatusIs(absl::StatusCode::kNotFound, "j_nope"));
+}
+
+TEST_F(PgJobStoreTest, InsertOfExistingIdIsAlreadyExists) {
+  Insert(MakeJob("j_dup"));
+  EXPECT_THAT(store_->Insert(MakeJob("j_dup")), StatusIs(absl::StatusCode::kAlreadyExists));
+}
+
+TEST_F(PgJobStoreTest, InsertRejectsInvalidSpec) {
+  Job job = MakeJob("j_bad");
+  job.spec.timeout = absl::Seconds(-1);
+  EXPECT_THAT(store_->Insert(job), StatusIs(absl::StatusCode::kInvalidArgument, "timeout"));
+  job = MakeJob(std::string("j_\0nul", 6));
+  EXPECT_THAT(store_->Insert(job), StatusIs(absl::StatusCode::kInvalidArgument, "NUL"));
+}
+
+TEST_F(PgJobStoreTest, InsertDeduplicatesByFairnessAndIdempotencyKey) {
+  Job first = MakeJob("j_first");
+  first.spec.fairness_key = "alice";
+  first.spec.idempotency_key = "k1";
+  Insert(first);
+
+  Job again = MakeJob("j_again");
+  again.spec.fairness_key = "alice";
+  again.spec.idempotency_key = "k1";
+  absl::StatusOr<InsertOutcome> outcome = store_->Insert(again);
+  ASSERT_THAT(outcome, IsOk());
+  EXPECT_TRUE(outcome->deduplicated);
+  EXPECT_EQ(outcome->job_id, "j_first");
+  EXPECT_THAT(store_->Get("j_again"), StatusIs(absl::StatusCode::kNotFound));
+}
+
+TEST_F(PgJobStoreTest, IdempotencyKeyIsScopedToTheFairnessKey) {
+  Job alice = MakeJob("j_alice");
+  alice.spec.fairness_key = "alice";
+  alice.spec.idempotency_key = "k1";
+  Insert(alice);
+  Job bob = MakeJob("j_bob");
+  bob.spec.fairness_key = "bob";
+  bob.spec.idempotency_key = "k1";
+  absl::StatusOr<InsertOutcome> outcome = store_->Insert(bob);
+  ASSERT_THAT(outcome, IsOk());
+  EXPECT_FALSE(outcome->deduplicated);
+  EXPECT_EQ(outcome->job_id, "j_bob");
+}
+
+TEST_F(PgJobStoreTest, EmptyIdempotencyKeyNeverDeduplicates) {
+  Job a = MakeJob("j_a");
+  a.spec.fairness_key = "alice";
+  Job b = MakeJob("j_b");
+  b.spec.fairness_key = "alice";
+  Insert(a);
+  Insert(b);
+  EXPECT_THAT(store_->CountActive(), IsOkAndHolds(2));
+}
+
+TEST_F(PgJobStoreTest, ConcurrentInsertsWithOneIdempotencyKeyCreateOneJob) {
+  constexpr int kThreads = 4;
+  std::vector<std::future<absl::StatusOr<InsertOutcome>>> results;
+  for (int i = 0; i < kThreads; ++i) {
+    results.push_back(std::async(std::launch::async, [this, i] {
+      Job job = MakeJob(absl::StrCat("j_race_", i));
+      job.spec.fairness_key = "alice";
+      job.spec.idempotency_key = "same";
+      return store_->Insert(job);
+    }));
+  }
+  std::set<std::string> ids;
+  int inserted = 0;
+  for (auto& f : results) {
+    absl::StatusOr<InsertOutcome> outcome = f.get();
+    ASSERT_THAT(outcome, IsOk());
+    ids.insert(outcome->job_id);
+    if (!outcome->deduplicated) ++inserted;
+  }
+  EXPECT_EQ(inserted, 1);
+  EXPECT_EQ(ids.size(), 1u);
+}
+
+TEST_F(PgJobStoreTest, ClaimDispatchesQueuedJobToWorker) {
+  Insert(MakeJob("j_1"));
+  ASSERT_THAT(store_->Claim({{.job_id = "j_1", .attempt = 0, .worker_id = "w7"}}),
+              IsOkAndHolds(ElementsAre("j_1")));
+  Job got = Get("j_1");
+  EXPECT_EQ(got.state, JobState::kDispatched);
+  EXPECT_EQ(got.worker_id, "w7");
+  EXPECT_EQ(got.attempt, 0);  // an attempt starts when the worker accepts
+  EXPECT_NE(got.dispatched_at, absl::InfinitePast());
+  EXPECT_GE(got.updated_at, got.created_at);
+}
+
+TEST_F(PgJobStoreTest, ClaimTakesManyJobsForSeveralWorkersInOneCall) {
+  Insert(MakeJob("j_1"));
+  Insert(MakeJob("j_2"));
+  Insert(MakeJob("j_3"));
+  EXPECT_THAT(store_->Claim({{.job_id = "j_1", .attempt = 0, .worker_id = "w1"},
+                             {.job_id = "j_2", .attempt = 0, .worker_id = "w2"},
+                             {.job_id = "j_missing", .attempt = 0, .worker_id = "w2"}}),
+              IsOkAndHolds(UnorderedElementsAre("j_1", "j_2")));
+  EXPECT_EQ(Get("j_1").worker_id, "w1");
+  EXPECT_EQ(Get("j_2").worker_id, "w2");
+  EXPECT_EQ(Get("j_3").state, JobState::kQueued);
+  EXPECT_THAT(store_->Claim({}), IsOkAndHolds(IsEmpty()));
+}
+
+TEST_F(PgJobStoreTest, ClaimSkipsRowLockedByAnotherTransactionInsteadOfWaiting) {
+  Insert(MakeJob("j_locked"));
+  Insert(MakeJob("j_free"));
+  pqxx::connection other(db_->url());
+  auto locker = std::make_unique<pqxx::work>(other);
+  locker->exec_params("SELECT id FROM jobs WHERE id = $1 FOR UPDATE", "j_locked");
+
+  std::future<absl::StatusOr<std::vector<std::string>>> claimed =
+      std::async(std::launch::async, [this] {
+        return store_->Claim({{.job_id = "j_locked", .attempt = 0, .worker_id = "w1"},
+                              {.job_id = "j_free", .attempt = 0, .worker_id = "w1"}});
+      });
+  const bool finished = claimed.wait_for(std::chrono::seconds(30)) == std::future_status::ready;
+  locker->abort();  // releases the lock, so that a claim that waited does not hang the test
+  ASSERT_TRUE(finished) << "Claim waited on a locked row";
+  EXPECT_THAT(claimed.get(), IsOkAndHolds(ElementsAre("j_free")));
+  EXPECT_EQ(Get("j_locked").state, JobState::kQueued);
+
+  EXPECT_THAT(store_->Claim({{.job_id = "j_locked", .attempt = 0, .worker_id = "w1"}}),
+              IsOkAndHolds(ElementsAre("j_locked")));
+}
+
+TEST_F(PgJobStoreTest, ClaimRefusesStaleAttempt) {
+  Insert(MakeJob("j_1"));
+  EXPECT_THAT(store_->Claim({{.job_id = "j_1", .attempt = 1, .worker_id = "w1"}}),
+              IsOkAndHolds(IsEmpty()));
+  EXPECT_EQ(Get("j_1").state, JobState::kQueued);
+}
+
+TEST_F(PgJobStoreTest, ClaimRefusesJobNoLongerQueued) {
+  Insert(MakeJob("j_1"));
+  ASSERT_THAT(store_->Claim({{.job_id = "j_1", .attempt = 0, .worker_id = "w1"}}),
+              IsOkAndHolds(ElementsAre("j_1")));
+  EXPECT_THAT(store_->Claim({{.job_id = "j_1", .attempt = 0, .worker_id = "w2"}}),
+              IsOkAndHolds(IsEmpty()));
+  EXPECT_EQ(Get("j_1").worker_id, "w1");
+}
+
+TEST_F(PgJobStoreTest, MarkRunningStartsTheNextAttempt) {
+  Insert(MakeJob("j_1"));
+  ASSERT_THAT(store_->Claim({{.job_id = "j_1", .attempt = 0, .worker_id = "w1"}}),
+              IsOkAndHolds(ElementsAre("j_1")));
+  EXPECT_THAT(store_->MarkRunning("j_1", 2, "w1"), IsOkAndHolds(false));
+  EXPECT_THAT(store_->MarkRunning("j_1", 0, "w1"), IsOkAndHolds(false));
+  EXPECT_EQ(Get("j_1").state, JobState::kDispatched);
+
+  EXPECT_THAT(store_->MarkRunning("j_1", 1, "w1"), IsOkAndHolds(true));
+  Job got = Get("j_1");
+  EXPECT_EQ(got.state, JobState::kRunning);
+  EXPECT_EQ(got.attempt, 1);
+  EXPECT_EQ(got.worker_id, "w1");
+  EXPECT_NE(got.started_at, absl::InfinitePast());
+}
+
+TEST_F(PgJobStoreTest, MarkRunningAdoptsRunningRowAtSameAttempt) {
+  InsertRunning("j_1", "w1");
+  const absl::Time started = Get("j_1").started_at;
+  EXPECT_THAT(store_->MarkRunning("j_1", 1, "w2"), IsOkAndHolds(true));
+  Job got = Get("j_1");
+  EXPECT_EQ(got.state, JobState::kRunning);
+  EXPECT_EQ(got.attempt, 1);
+  EXPECT_EQ(got.worker_id, "w2");
+  EXPECT_EQ(got.started_at, started);
+
+  EXPECT_THAT(store_->MarkRunning("j_1", 2, "w3"), IsOkAndHolds(false));
+  EXPECT_EQ(Get("j_1").worker_id, "w2");
+}
+
+TEST_F(PgJobStoreTest, MarkRunningRefusesQueuedAndFinishedJobs) {
+  Insert(MakeJob("j_queued"));
+  EXPECT_THAT(store_->MarkRunning("j_queued", 1, "w1"), IsOkAndHolds(false));
+  InsertRunning("j_done");
+  ASSERT_THAT(store_->Finish({.job_id = "j_done", .attempt = 1}), IsOkAndHolds(true));
+  EXPECT_THAT(store_->MarkRunning("j_done", 1, "w1"), IsOkAndHolds(false));
+  EXPECT_EQ(Get("j_done").state, JobState::kSucceeded);
+}
+
+TEST_F(PgJobStoreTest, ReturnToQueueDoesNotConsumeAnAttempt) {
+  Insert(MakeJob("j_1"));
+  ASSERT_THAT(store_->Claim({{.job_id = "j_1", .attempt = 0, .worker_id = "w1"}}),
+              IsOkAndHolds(ElementsAre("j_1")));
+  EXPECT_THAT(store_->ReturnToQueue("j_1", 1), IsOkAndHolds(false));
+  EXPECT_THAT(store_->ReturnToQueue("j_1", 0), IsOkAndHolds(true));
+  Job got = Get("j_1");
+  EXPECT_EQ(got.state, JobState::kQueued);
+  EXPECT_EQ(got.attempt, 0);
+  EXPECT_EQ(got.worker_id, "");
+  EXPECT_THAT(store_->ReturnToQueue("j_1", 0), IsOkAndHolds(false));
+  // Claimable again at the same attempt.
+  EXPECT_THAT(store_->Claim({{.job_id = "j_1", .attempt = 0, .worker_id = "w2"}}),
+              IsOkAndHolds(ElementsAre("j_1")));
+}
+
+TEST_F(PgJobStoreTest, RetryRequeuesKeepingTheAttemptCount) {
+  InsertRunning("j_1");
+  const absl::Time not_before = absl::FromUnixMicros(1'900'000'000'000'001);
+  EXPECT_THAT(store_->Retry("j_1", 2, not_before, "stale"), IsOkAndHolds(false));
+  EXPECT_THAT(store_->Retry("j_1", 1, not_before, "boom"), IsOkAndHolds(true));
+  Job got = Get("j_1");
+  EXPECT_EQ(got.state, JobState::kQueued);
+  EXPECT_EQ(got.attempt, 1);
+  EXPECT_EQ(got.worker_id, "");
+  EXPECT_EQ(got.error, "boom");
+  EXPECT_EQ(got.spec.not_before, not_before);
+  EXPECT_THAT(store_->Claim({{.job_id = "j_1", .attempt = 1, .worker_id = "w2"}}),
+              IsOkAndHolds(ElementsAre("j_1")));
+  EXPECT_THAT(store_->MarkRunning("j_1", 2, "w2"), IsOkAndHolds(true));
+}
+
+TEST_F(PgJobStoreTest, LateFinishForAnAttemptThatWasRetriedChangesNothing) {
+  InsertRunning("j_1");
+  ASSERT_THAT(store_->Retry("j_1", 1, absl::InfinitePast(), "lost"), IsOkAndHolds(true));
+  const Job before = Get("j_1");
+  EXPECT_THAT(store_->Finish(
+                  {.job_id = "j_1", .attempt = 1, .state = JobState::kSucceeded, .result = "late"}),
+              IsOkAndHolds(false));
+  const Job after = Get("j_1");
+  EXPECT_EQ(after.state, JobState::kQueued);
+  EXPECT_EQ(after.result, "");
+  EXPECT_EQ(after.updated_at, before.updated_at);
+  EXPECT_EQ(after.spec.not_before, absl::InfinitePast());
+}
+
+TEST_F(PgJobStoreTest, JobCompletesAtMostOnce) {
+  InsertRunning("j_1");
+  EXPECT_THAT(store_->Finish({.job_id = "j_1",
+                              .attempt = 1,
+                              .state = JobState::kSucceeded,
+                              .result = std::string("ok\0bytes", 8)}),
+              IsOkAndHolds(true));
+  EXPECT_THAT(
+      store_->Finish({.job_id = "j_1", .attempt = 1, .state = JobState::kFailed, .error = "x"}),
+      IsOkAndHolds(false));
+  Job got = Get("j_1");
+  EXPECT_EQ(got.state, JobState::kSucceeded);
+  EXPECT_EQ(got.result, std::string("ok\0bytes", 8));
+  EXPECT_EQ(got.error, "");
+  EXPECT_NE(got.finished_at, absl::InfinitePast());
+}
+
+TEST_F(PgJobStoreTest, FinishAcceptsResultThatOvertookItsAccept) {
+  Insert(MakeJob("j_1"));
+  ASSERT_THAT(store_->Claim({{.job_id = "j_1", .attempt = 0, .worker_id = "w1"}}),
+              IsOkAndHolds(ElementsAre("j_1")));
+  EXPECT_THAT(
+      store_->Finish(
+          {.job_id = "j_1", .attempt = 1, .state = JobState::kFailed, .error = "bad input"}),
+      IsOkAndHolds(true));
+  Job got = Get("j_1");
+  EXPECT_EQ(got.state, JobState::kFailed);
+  EXPECT_EQ(got.attempt, 1);
+  EXPECT_EQ(got.error, "bad input");
+  // The accept arriving afterwards changes nothing.
+  EXPECT_THAT(store_->MarkRunning("j_1", 1, "w1"), IsOkAndHolds(false));
+}
+
+TEST_F(PgJobStoreTest, FinishRefusesNonTerminalState) {
+  InsertRunning("j_1");
+  EXPECT_THAT(store_->Finish({.job_id = "j_1", .attempt = 1, .state = JobState::kQueued}),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST_F(PgJobStoreTest, CancelQueuedJob) {
+  Insert(MakeJob("j_1"));
+  absl::StatusOr<CancelOutcome> outcome = store_->Cancel("j_1", "user asked");
+  ASSERT_THAT(outcome, IsOk());
+  EXPECT_EQ(outcome->previous, JobState::kQueued);
+  EXPECT_EQ(outcome->job.state, JobState::kCancelled);
+  EXPECT_EQ(outcome->job.error, "user asked");
+  EXPECT_NE(outcome->job.finished_at, absl::InfinitePast());
+  EXPECT_EQ(Get("j_1").state, JobState::kCancelled);
+  EXPECT_THAT(store_->Claim({{.job_id = "j_1", .attempt = 0, .worker_id = "w1"}}),
+              IsOkAndHolds(IsEmpty()));
+}
+
+TEST_F(PgJobStoreTest, CancelRunningJobKeepsItsWorker) {
+  InsertRunning("j_1", "w9");
+  absl::StatusOr<CancelOutcome> outcome = store_->Cancel("j_1", "stop");
+  ASSERT_THAT(outcome, IsOk());
+  EXPECT_EQ(outcome->previous, JobState::kRunning);
+  EXPECT_EQ(outcome->job.state, JobState::kCancelled);
+  EXPECT_EQ(outcome->job.worker_id, "w9");
+  EXPECT_EQ(outcome->job.attempt, 1);
+  // The worker's late result is refused.
+  EXPECT_THAT(store_->Finish({.job_id = "j_1", .attempt = 1}), IsOkAndHolds(false));
+}
+
+TEST_F(PgJobStoreTest, CancelFinishedJobIsFailedPrecondition) {
+  InsertRunning("j_123");
+  ASSERT_THAT(store_->Finish({.job_id = "j_123", .attempt = 1}), IsOkAndHolds(true));
+  EXPECT_THAT(store_->Cancel("j_123", "too late"),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "job j_123 already SUCCEEDED"));
+  EXPECT_EQ(Get("j_123").state, JobState::kSucceeded);
+}
+
+TEST_F(PgJobStoreTest, CancelUnknownJobIsNotFound) {
+  EXPECT_THAT(store_->Cancel("j_nope", "x"), StatusIs(absl::StatusCode::kNotFound, "j_nope"));
+}
+
+TEST_F(PgJobStoreTest, ExpireOverdueExpiresOnlyQueuedJobsPastTheirDeadline) {
+  Job overdue = MakeJob("j_overdue");
+  overdue.spec.dispatch_deadline = absl::Seconds(1);
+  Job later = MakeJob("j_later");
+  later.spec.dispatch_deadline = absl::Hours(1);
+  Job never = MakeJob("j_never");  // no deadline
+  Job running = MakeJob("j_running");
+  running.spec.dispatch_deadline = absl::Seconds(1);
+  Insert(overdue);
+  Insert(later);
+  Insert(never);
+  Insert(running);
+  ASSERT_THAT(store_->Claim({{.job_id = "j_running", .attempt = 0, .worker_id = "w1"}}),
+              IsOkAndHolds(ElementsAre("j_running")));
+
+  const absl::Time now = Get("j_overdue").created_at + absl::Minutes(1);
+  EXPECT_THAT(store_->ExpireOverdue(now, "capacity: no worker within 1s"),
+              IsOkAndHolds(ElementsAre("j_overdue")));
+  Job got = Get("j_overdue");
+  EXPECT_EQ(got.state, JobState::kExpired);
+  EXPECT_EQ(got.error, "capacity: no worker within 1s");
+  EXPECT_NE(got.finished_at, absl::InfinitePast());
+  EXPECT_EQ(Get("j_later").state, JobState::kQueued);
+  EXPECT_EQ(Get("j_never").state, JobState::kQueued);
+  EXPECT_EQ(Get("j_running").state, JobState::kDispatched);
+  // Nothing is due any more.
+  EXPECT_THAT(store_->ExpireOverdue(now, "capacity"), IsOkAndHolds(IsEmpty()));
+}
+
+TEST_F(PgJobStoreTest, LoadActiveReturnsActiveJobsOldestFirst) {
+  for (const char* id : {"j_c", "j_a", "j_d", "j_b", "j_e"}) Insert(MakeJob(id));
+  // j_c queued, j_a dispatched, j_d running, j_b succeeded, j_e cancelled.
+  ASSERT_THAT(store_->Claim({{.job_id = "j_a", .attempt = 0, .worker_id = "w1"},
+                             {.job_id = "j_d", .attempt = 0, .worker_id = "w1"},
+                             {.job_id = "j_b", .attempt = 0, .worker_id = "w1"}}),
+              IsOkAndHolds(UnorderedElementsAre("j_a", "j_d", "j_b")));
+  ASSERT_THAT(store_->MarkRunning("j_d", 1, "w1"), IsOkAndHolds(true));
+  ASSERT_THAT(store_->Finish({.job_id = "j_b", .attempt = 1}), IsOkAndHolds(true));
+  ASSERT_THAT(store_->Cancel("j_e", "x"), IsOk());
+
+  absl::StatusOr<std::vector<Job>> active = store_->LoadActive();
+  ASSERT_THAT(active, IsOk());
+  std::vector<std::string> ids;
+  for (const Job& j : *active) ids.push_back(j.id);
+  EXPECT_THAT(ids, ElementsAre("j_c", "j_a", "j_d"));
+  EXPECT_EQ((*active)[0].state, JobState::kQueued);
+  EXPECT_EQ((*active)[1].state, JobState::kDispatched);
+  EXPECT_EQ((*active)[2].state, JobState::kRunning);
+  EXPECT_EQ((*active)[2].attempt, 1);
+  EXPECT_EQ((*active)[2].worker_id, "w1");
+  EXPECT_EQ((*active)[0].spec.payload, "payload of j_c");
+  EXPECT_THAT(store_->CountActive(), IsOkAndHolds(3));
+}
+
+TEST_F(PgJobStoreTest, CountsByTypeAndState) {
+  Insert(MakeJob("j_1", "embed"));
+  Insert(MakeJob("j_2", "embed"));
+  Insert(MakeJob("j_3", "chat"));
+  ASSERT_THAT(store_->Cancel("j_2", "x"), IsOk());
+  absl::StatusOr<std::vector<TypeStateCount>> counts = store_->CountByTypeAndState();
+  ASSERT_THAT(counts, IsOk());
+  std::vector<std::string> rendered;
+  for (const TypeStateCount& c : *counts) {
+    rendered.push_back(absl::StrCat(c.type, "/", job::ToString(c.state), "=", c.count));
+  }
+  EXPECT_THAT(rendered,
+              UnorderedElementsAre("embed/QUEUED=1", "embed/CANCELLED=1", "chat/QUEUED=1"));
+  EXPECT_THAT(store_->CountActive(), IsOkAndHolds(2));
+}
+
+TEST_F(PgJobStoreTest, ConcurrentClaimsOfTheSameRowsClaimEachRowOnce) {
+  constexpr int kJobs = 50;
+  constexpr int kThreads = 4;
+  constexpr int kClaimsPerThread = 25;  // 100 Claim calls in all
+  std::vector<ClaimRequest> all;
+  for (int i = 0; i < kJobs; ++i) {
+    const std::string id = absl::StrCat("j_", i);
+    Insert(MakeJob(id));
+    all.push_back({.job_id = id, .attempt = 0});
+  }
+  absl::Mutex mu;
+  std::vector<std::string> claimed;  // guarded by mu
+  std::vector<absl::Status> errors;  // guarded by mu
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int c = 0; c < kClaimsPerThread; ++c) {
+        std::vector<ClaimRequest> requests = all;
+        // Each call asks for every row, in a different order.
+        std::rotate(requests.begin(), requests.begin() + (t * 13 + c * 7) % kJobs, requests.end());
+        for (ClaimRequest& r : requests) r.worker_id = absl::StrCat("w", t);
+        absl::StatusOr<std::vector<std::string>> got = store_->Claim(requests);
+        absl::MutexLock l(&mu);
+        if (got.ok()) {
+          claimed.insert(claimed.end(), got->begin(), got->end());
+        } else {
+          errors.push_back(got.status());
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_THAT(errors, IsEmpty());
+  std::sort(claimed.begin(), claimed.end());
+  EXPECT_EQ(claimed.size(), static_cast<size_t>(kJobs));
+  EXPECT_EQ(std::adjacent_find(claimed.begin(), claimed.end()), claimed.end())
+      << "a row was claimed twice";
+  absl::StatusOr<std::vector<TypeStateCount>> counts = store_->CountByTypeAndState();
+  ASSERT_THAT(counts, IsOk());
+  ASSERT_EQ(counts->size(), 1u);
+  EXPECT_EQ((*counts)[0].state, JobState::kDispatched);
+  EXPECT_EQ((*counts)[0].count, kJobs);
+}
+
+TEST_F(PgJobStoreTest, ConnectAgainOnAMigratedDatabaseSucceeds) {
+  Insert(MakeJob("j_kept"));
+  absl::StatusOr<std::unique_ptr<PgJobStore>> second = Connect();
+  ASSERT_THAT(second, IsOk());
+  EXPECT_THAT((*second)->Get("j_kept"), IsOk());
+}
+
+TEST_F(PgJobStoreTest, ConcurrentConnectsMigrateOnce) {
+  // A fresh database, so that the migrations race from scratch.
+  absl::StatusOr<TestDatabase> fresh = TestDatabase::Create("store_migrate");
+  ASSERT_THAT(fresh, IsOk());
+  constexpr int kDaemons = 6;
+  std::vector<std::future<absl::Status>> results;
+  for (int i = 0; i < kDaemons; ++i) {
+    results.push_back(std::async(std::launch::async, [&] {
+      return PgJobStore::Connect({.url = fresh->url(), .pool_size = 1}).status();
+    }));
+  }
+  for (auto& r : results) EXPECT_THAT(r.get(), IsOk());
+  pqxx::connection conn(fresh->url());
+  pqxx::nontransaction txn(conn);
+  pqxx::result versions = txn.exec("SELECT version FROM schema_migrations ORDER BY version");
+  ASSERT_EQ(versions.size(), 1u);
+  EXPECT_EQ(versions[0][0].as<int>(), 1);
+}
+
+TEST_F(PgJobStoreTest, ConnectRejectsBadOptions) {
+  EXPECT_THAT(PgJobStore::Connect({.url = db_->url(), .pool_size = 0}),
+              StatusIs(absl::StatusCode::kInvalidArgument, "pool_size"));
+  absl::StatusOr<std::unique_ptr<PgJobStore>> bad_url =
+      PgJobStore::Connect({.url = "postgresql://x:hunter2@127.0.0.1/db?no_such_option=1"});
+  EXPECT_THAT(bad_url, StatusIs(absl::StatusCode::kInvalidArgument, "no_such_option"));
+  EXPECT_THAT(std::string(bad_url.status().message()), Not(HasSubstr("hunter2")));
+}
+
+TEST(PgJobStoreConnectTest, UnreachableServerIsUnavailableQuicklyWithoutThePassword) {
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::unique_ptr<PgJobStore>> store = PgJobStore::Connect(
+      {.url = "postgresql://x:hunter2@127.0.0.1:1/db", .connect_timeout = absl::Seconds(2)});
+  EXPECT_THAT(store, StatusIs(absl::StatusCode::kUnavailable,
+                              "postgres: cannot connect to 127.0.0.1:1/db: "));
+  EXPECT_THAT(std::string(store.status().message()), Not(HasSubstr("hunter2")));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+}
+
+TEST_F(PgJobStoreTest, BrokenConnectionFailsOneCallThenIsReplaced) {
+  absl::StatusOr<std::unique_ptr<PgJobStore>> store = Connect(/*pool_size=*/1);
+  ASSERT_THAT(store, IsOk());
+  Insert(MakeJob("j_1"));
+  {
+    pqxx::connection admin(db_->server_url());
+    pqxx::nontransaction txn(admin);
+    txn.exec_params(
+        "SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity "
+        "WHERE datname = $1 AND pid <> pg_backend_pid()",
+        db_->name());
+  }
+  // Every connection of both stores is gone: the next call fails Unavailable, and the call after
+  // it runs on a fresh connection.
+  EXPECT_THAT((*store)->Get("j_1"), StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_THAT((*store)->Get("j_1"), IsOk());
+  EXPECT_THAT((*store)->CountActive(), IsOkAndHolds(1));
+}
+
+}  // namespace
+}  // namespace dispatchd::store
