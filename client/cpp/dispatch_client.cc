@@ -1,0 +1,154 @@
+#include "client/cpp/dispatch_client.h"
+
+#include <string>
+#include <utility>
+
+#include "absl/strings/cord.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace dispatchd::client {
+namespace {
+
+// Longest deadline we hand gRPC: far enough to mean "no limit", near enough not to overflow.
+constexpr absl::Duration kMaxDeadline = absl::Hours(24 * 365);
+
+}  // namespace
+
+std::optional<absl::Duration> RetryAfter(const absl::Status& status) {
+  auto payload = status.GetPayload(kRetryAfterPayloadUrl);
+  if (!payload.has_value()) return std::nullopt;
+  int64_t ms = 0;
+  if (!absl::SimpleAtoi(std::string(*payload), &ms) || ms < 0) return std::nullopt;
+  return absl::Milliseconds(ms);
+}
+
+absl::Status FromGrpcStatus(const grpc::Status& status, const grpc::ClientContext* context) {
+  if (status.ok()) return absl::OkStatus();
+  auto code = static_cast<absl::StatusCode>(status.error_code());
+  std::string message = status.error_message();
+  std::string retry_after;
+  if (code == absl::StatusCode::kResourceExhausted && context != nullptr) {
+    const auto& trailers = context->GetServerTrailingMetadata();
+    auto it = trailers.find("retry-after-ms");
+    if (it != trailers.end()) {
+      retry_after.assign(it->second.data(), it->second.size());
+      int64_t ms = 0;
+      if (absl::SimpleAtoi(retry_after, &ms) && ms >= 0) {
+        absl::StrAppend(&message, " (retry after ", ms, "ms)");
+      } else {
+        retry_after.clear();
+      }
+    }
+  }
+  absl::Status out(code, message);
+  if (!retry_after.empty()) out.SetPayload(kRetryAfterPayloadUrl, absl::Cord(retry_after));
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(absl::string_view address,
+                                                        ClientOptions options) {
+  if (address.empty()) return absl::InvalidArgumentError("address: empty");
+  if (options.default_deadline <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("default_deadline: must be positive");
+  }
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);  // results are bounded by the daemon, not by gRPC's 4 MiB
+  std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
+      std::string(address), grpc::InsecureChannelCredentials(), args);
+  return FromChannel(std::move(channel), options);
+}
+
+std::unique_ptr<Client> Client::FromChannel(std::shared_ptr<grpc::Channel> channel,
+                                            ClientOptions options) {
+  return std::unique_ptr<Client>(new Client(std::move(channel), options));
+}
+
+Client::Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options)
+    : options_(options),
+      channel_(std::move(channel)),
+      jobs_(v1::JobService::NewStub(channel_)),
+      admin_(v1::AdminService::NewStub(channel_)) {}
+
+void Client::SetDeadline(grpc::ClientContext& context, absl::Duration timeout) {
+  if (timeout > kMaxDeadline) timeout = kMaxDeadline;
+  if (timeout < absl::ZeroDuration()) timeout = absl::ZeroDuration();
+  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+}
+
+absl::StatusOr<v1::SubmitResponse> Client::Submit(const v1::JobSpec& spec) {
+  grpc::ClientContext context;
+  SetDeadline(context, options_.default_deadline);
+  v1::SubmitRequest request;
+  *request.mutable_spec() = spec;
+  v1::SubmitResponse response;
+  grpc::Status status = jobs_->Submit(&context, request, &response);
+  if (!status.ok()) return FromGrpcStatus(status, &context);
+  return response;
+}
+
+absl::StatusOr<v1::Job> Client::RunSync(const v1::JobSpec& spec, absl::Duration wait) {
+  grpc::ClientContext context;
+  SetDeadline(context, wait);
+  v1::RunSyncRequest request;
+  *request.mutable_spec() = spec;
+  v1::RunSyncResponse response;
+  grpc::Status status = jobs_->RunSync(&context, request, &response);
+  if (!status.ok()) return FromGrpcStatus(status, &context);
+  return std::move(*response.mutable_job());
+}
+
+absl::StatusOr<v1::Job> Client::Status(absl::string_view job_id) {
+  grpc::ClientContext context;
+  SetDeadline(context, options_.default_deadline);
+  v1::StatusRequest request;
+  request.set_job_id(std::string(job_id));
+  v1::StatusResponse response;
+  grpc::Status status = jobs_->Status(&context, request, &response);
+  if (!status.ok()) return FromGrpcStatus(status, &context);
+  return std::move(*response.mutable_job());
+}
+
+absl::StatusOr<v1::Job> Client::Cancel(absl::string_view job_id) {
+  grpc::ClientContext context;
+  SetDeadline(context, options_.default_deadline);
+  v1::CancelRequest request;
+  request.set_job_id(std::string(job_id));
+  v1::CancelResponse response;
+  grpc::Status status = jobs_->Cancel(&context, request, &response);
+  if (!status.ok()) return FromGrpcStatus(status, &context);
+  return std::move(*response.mutable_job());
+}
+
+absl::Status Client::Watch(absl::string_view job_id,
+                           const std::function<void(const v1::Job&)>& on_event,
+                           absl::Duration wait) {
+  grpc::ClientContext context;
+  SetDeadline(context, wait);
+  v1::WatchRequest request;
+  request.set_job_id(std::string(job_id));
+  std::unique_ptr<grpc::ClientReader<v1::WatchEvent>> reader = jobs_->Watch(&context, request);
+  v1::WatchEvent event;
+  while (reader->Read(&event)) on_event(event.job());
+  return FromGrpcStatus(reader->Finish(), &context);
+}
+
+absl::StatusOr<v1::StatsResponse> Client::Stats() {
+  grpc::ClientContext context;
+  SetDeadline(context, options_.default_deadline);
+  v1::StatsResponse response;
+  grpc::Status status = admin_->Stats(&context, v1::StatsRequest(), &response);
+  if (!status.ok()) return FromGrpcStatus(status, &context);
+  return response;
+}
+
+absl::StatusOr<v1::ListWorkersResponse> Client::ListWorkers() {
+  grpc::ClientContext context;
+  SetDeadline(context, options_.default_deadline);
+  v1::ListWorkersResponse response;
+  grpc::Status status = admin_->ListWorkers(&context, v1::ListWorkersRequest(), &response);
+  if (!status.ok()) return FromGrpcStatus(status, &context);
+  return response;
+}
+
+}  // namespace dispatchd::client

@@ -1,0 +1,92 @@
+#pragma once
+
+// C++ client for dispatchd's JobService and AdminService.
+//
+//   absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect("127.0.0.1:7411");
+//   absl::StatusOr<v1::SubmitResponse> r = (*client)->Submit(spec);
+//
+// Every call carries a deadline (ClientOptions::default_deadline unless the method takes a wait).
+// gRPC statuses map 1:1 onto absl::Status codes; a RESOURCE_EXHAUSTED refusal that carries the
+// daemon's `retry-after-ms` trailer gets it in the message and as a payload (see RetryAfter()).
+//
+// Thread-safe: one Client may be shared by any number of threads.
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "dispatchd/v1/admin_service.grpc.pb.h"
+#include "dispatchd/v1/job_service.grpc.pb.h"
+
+namespace dispatchd::client {
+
+namespace v1 = ::dispatchd::v1;
+
+struct ClientOptions {
+  // Deadline of each unary call (Submit, Status, Cancel, Stats, ListWorkers).
+  absl::Duration default_deadline = absl::Seconds(10);
+};
+
+// Type URL of the absl::Status payload that carries `retry-after-ms` (the value is the decimal
+// number of milliseconds, as the daemon sent it).
+inline constexpr absl::string_view kRetryAfterPayloadUrl = "dispatchd.dev/retry-after-ms";
+
+// The daemon's retry-after hint carried by `status`, if any.
+std::optional<absl::Duration> RetryAfter(const absl::Status& status);
+
+// Converts a finished call's gRPC status to an absl::Status with the same code and message, adding
+// the `retry-after-ms` trailer (if `context` has one) to RESOURCE_EXHAUSTED refusals.
+absl::Status FromGrpcStatus(const grpc::Status& status, const grpc::ClientContext* context);
+
+class Client {
+ public:
+  // Opens an insecure channel to `address` (host:port). The connection is made lazily by the
+  // first call; a daemon that cannot be reached shows up as UNAVAILABLE or DEADLINE_EXCEEDED there.
+  // INVALID_ARGUMENT if `address` is empty or a deadline in `options` is not positive.
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(absl::string_view address,
+                                                         ClientOptions options = {});
+  // As Connect, on an existing channel (tests, custom credentials).
+  static std::unique_ptr<Client> FromChannel(std::shared_ptr<grpc::Channel> channel,
+                                             ClientOptions options = {});
+
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  // Queues a job; returns its id (or the existing one's, marked deduplicated).
+  absl::StatusOr<v1::SubmitResponse> Submit(const v1::JobSpec& spec);
+  // Queues a job and waits up to `wait` for it to end; returns the final job whatever its outcome
+  // (inspect `state`). DEADLINE_EXCEEDED when `wait` passes first (the job keeps going).
+  absl::StatusOr<v1::Job> RunSync(const v1::JobSpec& spec, absl::Duration wait);
+  // Reads one job; NOT_FOUND if unknown.
+  absl::StatusOr<v1::Job> Status(absl::string_view job_id);
+  // Cancels a job; returns it after the cancellation. FAILED_PRECONDITION if it already ended.
+  absl::StatusOr<v1::Job> Cancel(absl::string_view job_id);
+  // Streams the job's state changes to `on_event` (called on this thread, first with the state when
+  // the watch began) until the daemon ends the stream after the terminal state (OK), or `wait`
+  // passes (DEADLINE_EXCEEDED), or the call fails.
+  absl::Status Watch(absl::string_view job_id, const std::function<void(const v1::Job&)>& on_event,
+                     absl::Duration wait = absl::Hours(24));
+  // Job counts by type and state, and worker totals.
+  absl::StatusOr<v1::StatsResponse> Stats();
+  // Connected workers.
+  absl::StatusOr<v1::ListWorkersResponse> ListWorkers();
+
+ private:
+  Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options);
+  // A context whose deadline is now + `timeout`.
+  static void SetDeadline(grpc::ClientContext& context, absl::Duration timeout);
+
+  const ClientOptions options_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::JobService::Stub> jobs_;
+  std::unique_ptr<v1::AdminService::Stub> admin_;
+};
+
+}  // namespace dispatchd::client

@@ -1,0 +1,505 @@
+// dispatchctl: command-line client for dispatchd (JobService and AdminService).
+//
+//   dispatchctl submit --type echo --payload hello
+//   dispatchctl --json status 0f3c...
+//
+// Exit codes are listed in kExitCodes below, in --help, and in client/cpp/README.md.
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <google/protobuf/util/json_util.h>
+
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "client/cpp/dispatch_client.h"
+
+namespace dispatchd::client {
+namespace {
+
+enum ExitCode : int {
+  kOk = 0,
+  kJobFailed = 1,
+  kUsage = 2,
+  kJobCancelledOrExpired = 3,
+  kJobActive = 4,
+  kNotFound = 5,
+  kResourceExhausted = 6,
+  kFailedPrecondition = 7,
+  kRpcFailed = 8,
+};
+
+constexpr char kExitCodes[] =
+    "Exit codes:\n"
+    "  0  ok (submit: queued; run/status/watch: the job SUCCEEDED; cancel: the job is now\n"
+    "     CANCELLED; workers/stats: ok)\n"
+    "  1  the job FAILED\n"
+    "  2  usage error, or INVALID_ARGUMENT from the daemon\n"
+    "  3  the job was CANCELLED or EXPIRED\n"
+    "  4  the job is still active (status; also run/watch/cancel when it has not ended)\n"
+    "  5  NOT_FOUND\n"
+    "  6  RESOURCE_EXHAUSTED: admission refused, try again later (the retry-after is printed)\n"
+    "  7  FAILED_PRECONDITION (e.g. cancelling a job that already ended)\n"
+    "  8  daemon unreachable, DEADLINE_EXCEEDED, or any other RPC failure\n"
+    "Errors are printed as `dispatchctl: <GRPC_CODE>: <message>` on stderr.";
+
+// ---- Output helpers --------------------------------------------------------------------------
+
+std::string ToJson(const google::protobuf::Message& m) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  options.always_print_primitive_fields = true;
+  std::string out;
+  if (!google::protobuf::util::MessageToJsonString(m, &out, options).ok()) return "{}";
+  return out;
+}
+
+absl::Time FromProto(const google::protobuf::Timestamp& t) {
+  return absl::FromUnixSeconds(t.seconds()) + absl::Nanoseconds(t.nanos());
+}
+
+// RFC3339 in UTC with milliseconds; "-" when unset.
+std::string FormatTimestamp(const google::protobuf::Timestamp& t) {
+  if (t.seconds() == 0 && t.nanos() == 0) return "-";
+  return absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", FromProto(t), absl::UTCTimeZone());
+}
+
+std::string StateName(v1::JobState s) {
+  std::string name = v1::JobState_Name(s);
+  absl::string_view v(name);
+  absl::ConsumePrefix(&v, "JOB_STATE_");
+  return name.empty() ? absl::StrCat("STATE_", static_cast<int>(s)) : std::string(v);
+}
+
+bool IsPrintable(absl::string_view s) {
+  return std::all_of(s.begin(), s.end(), [](char c) {
+    auto u = static_cast<unsigned char>(c);
+    return (u >= 0x20 && u < 0x7f) || c == '\n' || c == '\t' || c == '\r' || u >= 0x80;
+  });
+}
+
+// Prints rows as columns separated by two spaces, each as wide as its widest cell.
+void PrintTable(const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> width;
+  for (const auto& row : rows) {
+    if (width.size() < row.size()) width.resize(row.size(), 0);
+    for (size_t i = 0; i < row.size(); ++i) width[i] = std::max(width[i], row[i].size());
+  }
+  for (const auto& row : rows) {
+    std::string line;
+    for (size_t i = 0; i < row.size(); ++i) {
+      line += row[i];
+      if (i + 1 < row.size()) line += std::string(width[i] - row[i].size() + 2, ' ');
+    }
+    std::cout << absl::StripTrailingAsciiWhitespace(line) << "\n";
+  }
+}
+
+void PrintKeyValues(const std::vector<std::pair<std::string, std::string>>& kvs) {
+  size_t w = 0;
+  for (const auto& [k, v] : kvs) w = std::max(w, k.size());
+  for (const auto& [k, v] : kvs) {
+    std::cout << k << ":" << std::string(w - k.size() + 1, ' ') << v << "\n";
+  }
+}
+
+int ExitForStatus(const absl::Status& s) {
+  switch (s.code()) {
+    case absl::StatusCode::kOk:
+      return kOk;
+    case absl::StatusCode::kInvalidArgument:
+      return kUsage;
+    case absl::StatusCode::kNotFound:
+      return kNotFound;
+    case absl::StatusCode::kResourceExhausted:
+      return kResourceExhausted;
+    case absl::StatusCode::kFailedPrecondition:
+      return kFailedPrecondition;
+    default:
+      return kRpcFailed;
+  }
+}
+
+int ExitForState(v1::JobState s) {
+  switch (s) {
+    case v1::JOB_STATE_SUCCEEDED:
+      return kOk;
+    case v1::JOB_STATE_FAILED:
+      return kJobFailed;
+    case v1::JOB_STATE_CANCELLED:
+    case v1::JOB_STATE_EXPIRED:
+      return kJobCancelledOrExpired;
+    default:
+      return kJobActive;
+  }
+}
+
+bool IsTerminal(v1::JobState s) {
+  return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED ||
+         s == v1::JOB_STATE_CANCELLED || s == v1::JOB_STATE_EXPIRED;
+}
+
+int Fail(const absl::Status& s) {
+  std::cerr << "dispatchctl: " << absl::StatusCodeToString(s.code()) << ": " << s.message()
+            << "\n";
+  if (std::optional<absl::Duration> after = RetryAfter(s); after.has_value()) {
+    std::cerr << "dispatchctl: retry after " << absl::FormatDuration(*after) << "\n";
+  }
+  return ExitForStatus(s);
+}
+
+int Usage(absl::string_view message) {
+  std::cerr << "dispatchctl: " << message << "\nRun with --help for more information.\n";
+  return kUsage;
+}
+
+// ---- Flag parsing ----------------------------------------------------------------------------
+
+// A duration flag; INVALID_ARGUMENT naming the flag if it does not parse or is not positive.
+absl::StatusOr<absl::Duration> ParseDurationFlag(absl::string_view flag, const std::string& text) {
+  absl::Duration d;
+  if (!absl::ParseDuration(text, &d) || d <= absl::ZeroDuration() ||
+      d == absl::InfiniteDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, ": invalid duration \"", text, "\" (e.g. 30s, 1.5m, 2h)"));
+  }
+  return d;
+}
+
+google::protobuf::Duration ToProto(absl::Duration d) {
+  google::protobuf::Duration out;
+  absl::Duration rem;
+  out.set_seconds(absl::IDivDuration(d, absl::Seconds(1), &rem));
+  out.set_nanos(static_cast<int32_t>(absl::ToInt64Nanoseconds(rem)));
+  return out;
+}
+
+// Flags shared by submit and run.
+struct SpecFlags {
+  std::string type;
+  std::optional<std::string> payload;
+  std::string payload_file;
+  std::string resource, fairness_key, idempotency_key;
+  int max_attempts = 0;
+  std::string job_timeout, dispatch_deadline, not_before;
+  std::vector<std::string> labels;
+
+  void Register(CLI::App* cmd) {
+    cmd->add_option("--type", type, "Job type (required)")->required();
+    auto* p = cmd->add_option("--payload", payload, "Payload bytes, given inline");
+    auto* f = cmd->add_option("--payload-file", payload_file, "Read the payload from a file, - = stdin");
+    p->excludes(f);
+    cmd->add_option("--resource", resource, "Resource id (conflict and cost unit)");
+    cmd->add_option("--fairness-key", fairness_key, "Fairness key (default: the caller)");
+    cmd->add_option("--idempotency-key", idempotency_key, "Deduplicate repeated submits");
+    cmd->add_option("--max-attempts", max_attempts, "Attempt limit (0: the type's default)")
+        ->check(CLI::NonNegativeNumber);
+    cmd->add_option("--job-timeout", job_timeout, "Execution timeout per attempt, e.g. 30s");
+    cmd->add_option("--dispatch-deadline", dispatch_deadline,
+                    "How long the job may wait for capacity, e.g. 5m");
+    cmd->add_option("--not-before", not_before, "Not dispatched before this RFC3339 time");
+    cmd->add_option("--label", labels, "Placement constraint k=v (repeatable)");
+  }
+
+  absl::StatusOr<v1::JobSpec> Build() const {
+    v1::JobSpec spec;
+    spec.set_type(type);
+    if (payload.has_value()) {
+      spec.set_payload(*payload);
+    } else if (!payload_file.empty()) {
+      std::string data;
+      if (payload_file == "-") {
+        data.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+      } else {
+        std::ifstream in(payload_file, std::ios::binary);
+        if (!in) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("--payload-file: cannot read \"", payload_file, "\""));
+        }
+        data.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+      }
+      spec.set_payload(std::move(data));
+    } else {
+      return absl::InvalidArgumentError("--payload or --payload-file is required");
+    }
+    spec.set_resource_id(resource);
+    spec.set_fairness_key(fairness_key);
+    spec.set_idempotency_key(idempotency_key);
+    spec.set_max_attempts(max_attempts);
+    if (!job_timeout.empty()) {
+      absl::StatusOr<absl::Duration> d = ParseDurationFlag("--job-timeout", job_timeout);
+      if (!d.ok()) return d.status();
+      *spec.mutable_timeout() = ToProto(*d);
+    }
+    if (!dispatch_deadline.empty()) {
+      absl::StatusOr<absl::Duration> d = ParseDurationFlag("--dispatch-deadline", dispatch_deadline);
+      if (!d.ok()) return d.status();
+      *spec.mutable_dispatch_deadline() = ToProto(*d);
+    }
+    if (!not_before.empty()) {
+      absl::Time t;
+      std::string err;
+      if (!absl::ParseTime(absl::RFC3339_full, not_before, &t, &err)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--not-before: invalid RFC3339 time \"", not_before, "\": ", err));
+      }
+      spec.mutable_not_before()->set_seconds(absl::ToUnixSeconds(t));
+      spec.mutable_not_before()->set_nanos(static_cast<int32_t>(
+          absl::ToInt64Nanoseconds(t - absl::FromUnixSeconds(absl::ToUnixSeconds(t)))));
+    }
+    for (const std::string& kv : labels) {
+      size_t eq = kv.find('=');
+      if (eq == std::string::npos || eq == 0) {
+        return absl::InvalidArgumentError(absl::StrCat("--label: \"", kv, "\" is not k=v"));
+      }
+      (*spec.mutable_labels())[kv.substr(0, eq)] = kv.substr(eq + 1);
+    }
+    return spec;
+  }
+};
+
+// ---- Commands --------------------------------------------------------------------------------
+
+void PrintJobHuman(const v1::Job& job) {
+  std::vector<std::pair<std::string, std::string>> kvs = {
+      {"id", job.id()},
+      {"type", job.spec().type()},
+      {"state", StateName(job.state())},
+      {"attempt", absl::StrCat(job.attempt(), "/", job.max_attempts())},
+      {"worker", job.worker_id().empty() ? "-" : job.worker_id()},
+      {"created", FormatTimestamp(job.created_at())},
+      {"dispatched", FormatTimestamp(job.dispatched_at())},
+      {"started", FormatTimestamp(job.started_at())},
+      {"finished", FormatTimestamp(job.finished_at())},
+  };
+  if (!job.spec().resource_id().empty()) kvs.emplace_back("resource", job.spec().resource_id());
+  if (!job.fairness_key().empty()) kvs.emplace_back("fairness key", job.fairness_key());
+  kvs.emplace_back("error", job.error().empty() ? "-" : job.error());
+  kvs.emplace_back("result size", absl::StrCat(job.result().size(), " bytes"));
+  if (!job.result().empty() && job.result().size() <= 200 && IsPrintable(job.result())) {
+    kvs.emplace_back("result", absl::CEscape(job.result()));
+  }
+  PrintKeyValues(kvs);
+}
+
+void PrintRunResult(const v1::Job& job) {
+  const std::string& out = job.result();
+  std::fwrite(out.data(), 1, out.size(), stdout);
+  if (isatty(STDOUT_FILENO) && (out.empty() || out.back() != '\n')) std::fputc('\n', stdout);
+  std::fflush(stdout);
+}
+
+int CmdSubmit(Client& client, const SpecFlags& flags, bool json) {
+  absl::StatusOr<v1::JobSpec> spec = flags.Build();
+  if (!spec.ok()) return Usage(spec.status().message());
+  absl::StatusOr<v1::SubmitResponse> r = client.Submit(*spec);
+  if (!r.ok()) return Fail(r.status());
+  if (json) {
+    std::cout << ToJson(*r) << "\n";
+  } else {
+    std::cout << r->job_id() << (r->deduplicated() ? " (deduplicated)" : "") << "\n";
+  }
+  return kOk;
+}
+
+int CmdRun(Client& client, const SpecFlags& flags, bool json, absl::Duration wait) {
+  absl::StatusOr<v1::JobSpec> spec = flags.Build();
+  if (!spec.ok()) return Usage(spec.status().message());
+  absl::StatusOr<v1::Job> job = client.RunSync(*spec, wait);
+  if (!job.ok()) return Fail(job.status());
+  if (json) {
+    std::cout << ToJson(*job) << "\n";
+  } else if (job->state() == v1::JOB_STATE_SUCCEEDED) {
+    PrintRunResult(*job);
+  } else {
+    std::cerr << "dispatchctl: job " << job->id() << " " << StateName(job->state())
+              << (job->error().empty() ? "" : ": ") << job->error() << "\n";
+  }
+  return ExitForState(job->state());
+}
+
+int CmdStatus(Client& client, const std::string& id, bool json) {
+  absl::StatusOr<v1::Job> job = client.Status(id);
+  if (!job.ok()) return Fail(job.status());
+  if (json) {
+    std::cout << ToJson(*job) << "\n";
+  } else {
+    PrintJobHuman(*job);
+  }
+  return ExitForState(job->state());
+}
+
+int CmdCancel(Client& client, const std::string& id, bool json) {
+  absl::StatusOr<v1::Job> job = client.Cancel(id);
+  if (!job.ok()) return Fail(job.status());
+  if (json) {
+    std::cout << ToJson(*job) << "\n";
+  } else {
+    std::cout << job->id() << " " << StateName(job->state()) << "\n";
+  }
+  if (job->state() == v1::JOB_STATE_CANCELLED) return kOk;
+  return IsTerminal(job->state()) ? kFailedPrecondition : kJobActive;
+}
+
+int CmdWatch(Client& client, const std::string& id, bool json, absl::Duration wait) {
+  v1::JobState last = v1::JOB_STATE_UNSPECIFIED;
+  bool any = false;
+  absl::Status s = client.Watch(
+      id,
+      [&](const v1::Job& job) {
+        any = true;
+        last = job.state();
+        if (json) {
+          std::cout << ToJson(job) << std::endl;
+        } else {
+          // The time of the change as the daemon recorded it, else when it arrived here.
+          absl::Time at = job.has_updated_at() ? FromProto(job.updated_at()) : absl::Now();
+          std::cout << absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", at, absl::UTCTimeZone()) << " "
+                    << StateName(job.state()) << " attempt=" << job.attempt()
+                    << " worker=" << (job.worker_id().empty() ? "-" : job.worker_id())
+                    << std::endl;
+        }
+      },
+      wait);
+  if (!s.ok()) return Fail(s);
+  if (!any) return kJobActive;
+  return ExitForState(last);
+}
+
+int CmdWorkers(Client& client, bool json) {
+  absl::StatusOr<v1::ListWorkersResponse> r = client.ListWorkers();
+  if (!r.ok()) return Fail(r.status());
+  if (json) {
+    std::cout << ToJson(*r) << "\n";
+    return kOk;
+  }
+  std::vector<std::vector<std::string>> rows = {
+      {"ID", "PEER", "TYPES", "BUSY/SLOTS", "LABELS", "CONNECTED", "LAST SEEN"}};
+  for (const v1::WorkerInfo& w : r->workers()) {
+    std::map<std::string, std::string> labels(w.labels().begin(), w.labels().end());
+    rows.push_back({w.worker_id() + (w.draining() ? " (draining)" : ""), w.peer(),
+                    absl::StrJoin(w.types(), ","), absl::StrCat(w.busy(), "/", w.slots()),
+                    labels.empty() ? "-" : absl::StrJoin(labels, ",", absl::PairFormatter("=")),
+                    FormatTimestamp(w.connected_at()), FormatTimestamp(w.last_seen())});
+  }
+  PrintTable(rows);
+  return kOk;
+}
+
+int CmdStats(Client& client, bool json) {
+  absl::StatusOr<v1::StatsResponse> r = client.Stats();
+  if (!r.ok()) return Fail(r.status());
+  if (json) {
+    std::cout << ToJson(*r) << "\n";
+    return kOk;
+  }
+  std::vector<std::vector<std::string>> rows = {{"TYPE", "QUEUED", "DISPATCHED", "RUNNING",
+                                                 "SUCCEEDED", "FAILED", "CANCELLED", "EXPIRED"}};
+  for (const v1::TypeStats& t : r->types()) {
+    rows.push_back({t.type(), absl::StrCat(t.queued()), absl::StrCat(t.dispatched()),
+                    absl::StrCat(t.running()), absl::StrCat(t.succeeded()),
+                    absl::StrCat(t.failed()), absl::StrCat(t.cancelled()),
+                    absl::StrCat(t.expired())});
+  }
+  PrintTable(rows);
+  std::cout << "\n";
+  PrintKeyValues({{"workers", absl::StrCat(r->workers())},
+                  {"slots busy/total", absl::StrCat(r->slots_busy(), "/", r->slots_total())}});
+  return kOk;
+}
+
+int Main(int argc, char** argv) {
+  CLI::App app{"dispatchctl: command-line client for the dispatchd job-dispatch daemon."};
+  app.require_subcommand(1);
+  app.footer(kExitCodes);
+  const char* env_server = std::getenv("DISPATCHD_SERVER");
+  std::string server = env_server != nullptr && *env_server != '\0' ? env_server : "127.0.0.1:7411";
+  bool json = false;
+  std::string timeout_flag;
+  app.add_option("--server", server, "Daemon address host:port (env DISPATCHD_SERVER)")
+      ->capture_default_str();
+  app.add_flag("--json", json, "Print JSON (one object per line for watch)");
+  app.add_option("--timeout", timeout_flag,
+                 "Per-RPC deadline (default 10s); for run and watch the wait limit (default 24h)");
+
+  SpecFlags submit_flags, run_flags;
+  CLI::App* submit = app.add_subcommand(
+      "submit",
+      "Queue a job and print its id.\n"
+      "  Example: dispatchctl submit --type llm.embed --payload-file doc.txt --label gpu=h100");
+  submit_flags.Register(submit);
+  CLI::App* run = app.add_subcommand(
+      "run",
+      "Queue a job, wait for it, and print its result bytes to stdout.\n"
+      "  Example: dispatchctl --timeout 5m run --type echo --payload hello");
+  run_flags.Register(run);
+
+  std::string job_id;
+  CLI::App* status = app.add_subcommand(
+      "status", "Show one job.\n  Example: dispatchctl --json status 0f3c9a1e");
+  status->add_option("ID", job_id, "Job id")->required();
+  CLI::App* cancel = app.add_subcommand(
+      "cancel", "Cancel a queued or running job.\n  Example: dispatchctl cancel 0f3c9a1e");
+  cancel->add_option("ID", job_id, "Job id")->required();
+  CLI::App* watch = app.add_subcommand(
+      "watch",
+      "Print each state change of a job until it ends.\n  Example: dispatchctl watch 0f3c9a1e");
+  watch->add_option("ID", job_id, "Job id")->required();
+  CLI::App* workers = app.add_subcommand(
+      "workers", "List connected workers.\n  Example: dispatchctl workers");
+  CLI::App* stats = app.add_subcommand(
+      "stats", "Show job counts per type and slot use.\n  Example: dispatchctl --json stats");
+  for (CLI::App* sub : {submit, run, status, cancel, watch, workers, stats}) sub->footer(kExitCodes);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int rc = app.exit(e);
+    return rc == 0 ? kOk : kUsage;
+  }
+
+  const bool waits = run->parsed() || watch->parsed();
+  absl::Duration timeout = waits ? absl::Hours(24) : absl::Seconds(10);
+  if (!timeout_flag.empty()) {
+    absl::StatusOr<absl::Duration> d = ParseDurationFlag("--timeout", timeout_flag);
+    if (!d.ok()) return Usage(d.status().message());
+    timeout = *d;
+  }
+  ClientOptions options;
+  options.default_deadline = waits ? absl::Seconds(10) : timeout;
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(server, options);
+  if (!client.ok()) return Usage(absl::StrCat("--server: ", client.status().message()));
+
+  if (submit->parsed()) return CmdSubmit(**client, submit_flags, json);
+  if (run->parsed()) return CmdRun(**client, run_flags, json, timeout);
+  if (status->parsed()) return CmdStatus(**client, job_id, json);
+  if (cancel->parsed()) return CmdCancel(**client, job_id, json);
+  if (watch->parsed()) return CmdWatch(**client, job_id, json, timeout);
+  if (workers->parsed()) return CmdWorkers(**client, json);
+  if (stats->parsed()) return CmdStats(**client, json);
+  return Usage("no command given");
+}
+
+}  // namespace
+}  // namespace dispatchd::client
+
+int main(int argc, char** argv) { return dispatchd::client::Main(argc, argv); }

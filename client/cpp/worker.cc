@@ -1,0 +1,698 @@
+#include "client/cpp/worker.h"
+
+#include <algorithm>
+#include <climits>
+#include <cstdio>
+#include <exception>
+#include <fstream>
+#include <optional>
+#include <random>
+#include <set>
+#include <system_error>
+
+#include <grpcpp/grpcpp.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include "absl/random/random.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace dispatchd::client {
+namespace {
+
+std::shared_ptr<spdlog::logger> Log() {
+  static const std::shared_ptr<spdlog::logger> log = [] {
+    std::shared_ptr<spdlog::logger> existing = spdlog::get("worker");
+    return existing != nullptr ? existing : spdlog::stderr_color_mt("worker");
+  }();
+  return log;
+}
+
+absl::Time FromProto(const google::protobuf::Timestamp& t) {
+  return absl::FromUnixSeconds(t.seconds()) + absl::Nanoseconds(t.nanos());
+}
+
+absl::Duration FromProto(const google::protobuf::Duration& d) {
+  return absl::Seconds(d.seconds()) + absl::Nanoseconds(d.nanos());
+}
+
+google::protobuf::Duration ToProto(absl::Duration d) {
+  google::protobuf::Duration out;
+  absl::Duration rem;
+  int64_t seconds = absl::IDivDuration(d, absl::Seconds(1), &rem);
+  out.set_seconds(seconds);
+  out.set_nanos(static_cast<int32_t>(absl::ToInt64Nanoseconds(rem)));
+  return out;
+}
+
+// Host RAM (used, total) in bytes from /proc/meminfo; zeros where it cannot be read.
+std::pair<int64_t, int64_t> ReadMemInfo() {
+  std::ifstream in("/proc/meminfo");
+  int64_t total_kb = 0, available_kb = -1;
+  std::string key, unit;
+  int64_t value = 0;
+  while (in >> key >> value) {
+    std::getline(in, unit);
+    if (key == "MemTotal:") total_kb = value;
+    if (key == "MemAvailable:") available_kb = value;
+  }
+  if (total_kb <= 0 || available_kb < 0) return {0, std::max<int64_t>(total_kb, 0) * 1024};
+  return {(total_kb - available_kb) * 1024, total_kb * 1024};
+}
+
+const char* ReasonName(v1::Reject::Reason r) {
+  switch (r) {
+    case v1::Reject::REASON_RESOURCE_EXHAUSTED:
+      return "resource_exhausted";
+    case v1::Reject::REASON_UNSUPPORTED:
+      return "unsupported";
+    case v1::Reject::REASON_DRAINING:
+      return "draining";
+    default:
+      return "unspecified";
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// JobContext
+
+JobContext::JobContext(v1::Assignment assignment)
+    : assignment_(std::move(assignment)),
+      deadline_(assignment_.has_deadline() ? FromProto(assignment_.deadline())
+                                           : absl::InfiniteFuture()) {}
+
+bool JobContext::cancelled() const {
+  absl::MutexLock l(&mu_);
+  return cancelled_;
+}
+
+bool JobContext::WaitForCancellation(absl::Duration timeout) const {
+  absl::MutexLock l(&mu_);
+  mu_.AwaitWithTimeout(absl::Condition(&cancelled_), timeout);
+  return cancelled_;
+}
+
+std::string JobContext::cancel_reason() const {
+  absl::MutexLock l(&mu_);
+  return cancel_reason_;
+}
+
+void JobContext::Cancel(absl::string_view reason) {
+  absl::MutexLock l(&mu_);
+  if (cancelled_) return;
+  cancelled_ = true;
+  cancel_reason_ = std::string(reason);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Worker internals
+
+// One WorkerService.Connect call. The stream is read by the session's thread only; writes from any
+// thread go through Write(), one at a time.
+struct Worker::Session {
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1::WorkerService::Stub> stub;
+  grpc::ClientContext context;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::WorkerMessage, v1::DaemonMessage>> stream;
+
+  absl::Mutex write_mu;
+  // No more writes: WritesDone was sent or the session is finishing.
+  bool closed ABSL_GUARDED_BY(write_mu) = false;
+
+  // False if the stream is closed or broken (the caller relies on a resend after reconnect).
+  bool Write(const v1::WorkerMessage& message) ABSL_LOCKS_EXCLUDED(write_mu) {
+    absl::MutexLock l(&write_mu);
+    if (closed || stream == nullptr) return false;
+    return stream->Write(message);
+  }
+  void WritesDone() ABSL_LOCKS_EXCLUDED(write_mu) {
+    absl::MutexLock l(&write_mu);
+    if (closed || stream == nullptr) return;
+    closed = true;
+    stream->WritesDone();
+  }
+  void Close() ABSL_LOCKS_EXCLUDED(write_mu) {
+    absl::MutexLock l(&write_mu);
+    closed = true;
+  }
+};
+
+// A job whose handler has not returned. Fields other than `key` and `context` are guarded by
+// Worker::mu_.
+struct Worker::RunningJob {
+  JobKey key;
+  std::shared_ptr<JobContext> context;
+  std::thread thread;
+  // Not re-adopted after a reconnect: cancelled, and its outcome is not reported.
+  bool drop_result = false;
+};
+
+absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(WorkerOptions options, Handler handler) {
+  if (options.server.empty()) return absl::InvalidArgumentError("server: empty");
+  if (options.worker_id.empty()) return absl::InvalidArgumentError("worker_id: empty");
+  if (options.types.empty()) return absl::InvalidArgumentError("types: at least one is required");
+  for (const std::string& t : options.types) {
+    if (t.empty()) return absl::InvalidArgumentError("types: empty type name");
+  }
+  if (options.slots < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("slots: must be >= 1, got ", options.slots));
+  }
+  if (options.max_concurrent < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_concurrent: must be >= 0, got ", options.max_concurrent));
+  }
+  if (options.reconnect_min <= absl::ZeroDuration() ||
+      options.reconnect_max < options.reconnect_min) {
+    return absl::InvalidArgumentError("reconnect_min/reconnect_max: need 0 < min <= max");
+  }
+  if (options.welcome_timeout <= absl::ZeroDuration() ||
+      options.default_heartbeat_interval <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("welcome_timeout/default_heartbeat_interval: must be > 0");
+  }
+  if (!handler) return absl::InvalidArgumentError("handler: null");
+  return std::unique_ptr<Worker>(new Worker(std::move(options), std::move(handler)));
+}
+
+Worker::Worker(WorkerOptions options, Handler handler)
+    : options_(std::move(options)),
+      handler_(std::move(handler)),
+      max_concurrent_(options_.max_concurrent > 0 ? options_.max_concurrent : options_.slots),
+      types_(options_.types.begin(), options_.types.end()),
+      models_resident_(options_.models_resident),
+      heartbeat_interval_(options_.default_heartbeat_interval) {}
+
+Worker::~Worker() {
+  Shutdown();
+  {
+    absl::MutexLock l(&mu_);
+    mu_.Await(absl::Condition(
+        +[](std::map<JobKey, std::shared_ptr<RunningJob>>* r) { return r->empty(); }, &running_));
+  }
+  JoinFinishedThreads();
+}
+
+int Worker::RunningJobsForTest() const {
+  absl::MutexLock l(&mu_);
+  return static_cast<int>(running_.size());
+}
+
+void Worker::SetModelsResident(std::vector<std::string> models) {
+  absl::MutexLock l(&mu_);
+  models_resident_ = std::move(models);
+}
+
+bool Worker::DrainDoneLocked() const {
+  return draining_ && running_.empty() &&
+         (unacked_.empty() || absl::Now() >= jobs_done_at_ + options_.drain_result_timeout);
+}
+
+void Worker::JoinFinishedThreads() {
+  std::vector<std::thread> threads;
+  {
+    absl::MutexLock l(&mu_);
+    threads.swap(finished_threads_);
+  }
+  for (std::thread& t : threads) {
+    if (t.joinable()) t.join();
+  }
+}
+
+absl::Status Worker::Run() {
+  {
+    absl::MutexLock l(&mu_);
+    if (run_called_) return absl::FailedPreconditionError("Run: already called");
+    run_called_ = true;
+  }
+  std::shared_ptr<spdlog::logger> log = Log();
+  log->info("starting worker={} server={} types={} slots={} max_concurrent={}",
+            options_.worker_id, options_.server, absl::StrJoin(options_.types, ","),
+            options_.slots, max_concurrent_);
+  absl::BitGen rng;
+  int failures = 0;
+  auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return shutdown_ || DrainDoneLocked(); };
+  while (true) {
+    {
+      absl::MutexLock l(&mu_);
+      if (stop()) break;
+    }
+    bool welcomed = RunSession();
+    JoinFinishedThreads();
+    failures = welcomed ? 0 : std::min(failures + 1, 30);
+    absl::Duration delay = options_.reconnect_min;
+    for (int i = 1; i < failures && delay < options_.reconnect_max; ++i) delay *= 2;
+    delay = std::min(delay, options_.reconnect_max);
+    // Jitter: uniform in [delay/2, delay], never below reconnect_min.
+    delay = std::max(options_.reconnect_min,
+                     absl::Nanoseconds(absl::Uniform<int64_t>(
+                         absl::IntervalClosed, rng, absl::ToInt64Nanoseconds(delay / 2),
+                         absl::ToInt64Nanoseconds(delay))));
+    absl::MutexLock l(&mu_);
+    if (stop()) break;
+    log->info("reconnecting worker={} in={}", options_.worker_id, absl::FormatDuration(delay));
+    mu_.AwaitWithTimeout(absl::Condition(&stop), delay);
+  }
+  JoinFinishedThreads();
+  absl::MutexLock l(&mu_);
+  if (unacked_.empty()) {
+    log->info("stopped worker={} reason={}", options_.worker_id, shutdown_ ? "shutdown" : "drained");
+  } else {
+    log->warn("stopped worker={} reason={} undelivered_results={}", options_.worker_id,
+              shutdown_ ? "shutdown" : "drained", unacked_.size());
+  }
+  return absl::OkStatus();
+}
+
+bool Worker::RunSession() {
+  std::shared_ptr<spdlog::logger> log = Log();
+  auto s = std::make_shared<Session>();
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);
+  s->channel =
+      grpc::CreateCustomChannel(options_.server, grpc::InsecureChannelCredentials(), args);
+  s->stub = v1::WorkerService::NewStub(s->channel);
+
+  v1::WorkerMessage hello_message;
+  v1::Hello& hello = *hello_message.mutable_hello();
+  hello.set_worker_id(options_.worker_id);
+  for (const std::string& t : options_.types) hello.add_types(t);
+  hello.set_slots(options_.slots);
+  for (const auto& [k, v] : options_.labels) (*hello.mutable_labels())[k] = v;
+  {
+    absl::MutexLock l(&mu_);
+    if (shutdown_) return false;
+    session_ = s;
+    welcomed_ = false;
+    for (const std::string& m : models_resident_) hello.add_models_resident(m);
+    for (const auto& [key, job] : running_) {
+      if (job->drop_result) continue;
+      v1::HeldJob* held = hello.add_running_jobs();
+      held->set_job_id(key.first);
+      held->set_attempt(key.second);
+    }
+    // Finished jobs whose results were never acknowledged are still held: the daemon must keep
+    // their attempts current until the results arrive, or it would run them again.
+    for (const auto& [key, result] : unacked_) {
+      if (running_.contains(key)) continue;
+      v1::HeldJob* held = hello.add_running_jobs();
+      held->set_job_id(key.first);
+      held->set_attempt(key.second);
+    }
+  }
+  std::thread timer(&Worker::SessionTimerLoop, this, s);
+
+  {
+    // Construct the stream under write_mu so that no Write sees it half-made.
+    absl::MutexLock l(&s->write_mu);
+    s->stream = s->stub->Connect(&s->context);
+  }
+  bool welcomed = false;
+  v1::DaemonMessage message;
+  if (!s->Write(hello_message)) {
+    s->context.TryCancel();
+  } else if (s->stream->Read(&message)) {
+    if (message.has_welcome()) {
+      welcomed = true;
+      HandleWelcome(s, message.welcome());
+    } else {
+      log->warn("protocol error worker={} detail=first message is not Welcome (case {})",
+                options_.worker_id, static_cast<int>(message.msg_case()));
+      s->context.TryCancel();
+    }
+  }
+  if (welcomed) {
+    while (s->stream->Read(&message)) {
+      switch (message.msg_case()) {
+        case v1::DaemonMessage::kAssign:
+          HandleAssign(s, message.assign());
+          break;
+        case v1::DaemonMessage::kCancel:
+          HandleCancel(message.cancel());
+          break;
+        case v1::DaemonMessage::kResultAck: {
+          absl::MutexLock l(&mu_);
+          unacked_.erase(JobKey(message.result_ack().job_id(), message.result_ack().attempt()));
+          break;
+        }
+        case v1::DaemonMessage::kDrain:
+          log->info("drain requested by daemon worker={}", options_.worker_id);
+          Drain();
+          break;
+        case v1::DaemonMessage::kWelcome:
+          log->warn("protocol error worker={} detail=second Welcome ignored", options_.worker_id);
+          break;
+        default:
+          log->warn("unknown daemon message worker={} case={}", options_.worker_id,
+                    static_cast<int>(message.msg_case()));
+          break;
+      }
+    }
+  }
+  // Drain whatever is left so Finish() may be called.
+  while (s->stream->Read(&message)) {
+  }
+  {
+    absl::MutexLock l(&mu_);
+    if (session_ == s) session_ = nullptr;
+    welcomed_ = false;
+  }
+  timer.join();
+  s->Close();
+  grpc::Status status = s->stream->Finish();
+  bool quiet;
+  {
+    absl::MutexLock l(&mu_);
+    quiet = shutdown_ || DrainDoneLocked();
+  }
+  if (quiet) {
+    log->info("stream closed worker={}", options_.worker_id);
+  } else if (welcomed) {
+    log->warn("stream lost worker={} code={} message={}", options_.worker_id,
+              static_cast<int>(status.error_code()), status.error_message());
+  } else {
+    log->warn("connect failed worker={} server={} code={} message={}", options_.worker_id,
+              options_.server, static_cast<int>(status.error_code()), status.error_message());
+  }
+  return welcomed;
+}
+
+void Worker::HandleWelcome(const std::shared_ptr<Session>& session, const v1::Welcome& welcome) {
+  absl::Duration interval = welcome.has_heartbeat_interval()
+                                ? FromProto(welcome.heartbeat_interval())
+                                : absl::ZeroDuration();
+  if (interval <= absl::ZeroDuration()) interval = options_.default_heartbeat_interval;
+  std::set<JobKey> adopted;
+  for (const v1::HeldJob& h : welcome.adopted_jobs()) adopted.emplace(h.job_id(), h.attempt());
+
+  std::vector<v1::WorkerMessage> resend;
+  std::vector<JobKey> dropped;
+  bool draining;
+  {
+    absl::MutexLock l(&mu_);
+    heartbeat_interval_ = interval;
+    for (auto& [key, job] : running_) {
+      if (job->drop_result || adopted.contains(key)) continue;
+      job->drop_result = true;
+      job->context->Cancel("not re-adopted by the daemon after reconnect");
+      dropped.push_back(key);
+    }
+    if (session_ == session) welcomed_ = true;
+    // A result the daemon did not adopt is for an attempt that is no longer current (or one it
+    // already recorded): sending it again would only be discarded.
+    for (auto it = unacked_.begin(); it != unacked_.end();) {
+      if (adopted.contains(it->first)) {
+        resend.push_back(it->second);
+        ++it;
+      } else {
+        dropped.push_back(it->first);
+        it = unacked_.erase(it);
+      }
+    }
+    draining = draining_;
+  }
+  std::shared_ptr<spdlog::logger> log = Log();
+  log->info("connected worker={} session={} heartbeat={} adopted={} resending={}",
+            options_.worker_id, welcome.session_id(), absl::FormatDuration(interval),
+            adopted.size(), resend.size());
+  for (const JobKey& key : dropped) {
+    log->warn("cancelled job={} attempt={} reason=not re-adopted", key.first, key.second);
+  }
+  for (const v1::WorkerMessage& m : resend) {
+    if (!session->Write(m)) return;
+  }
+  if (draining) {
+    v1::WorkerMessage m;
+    m.mutable_draining();
+    session->Write(m);
+  }
+}
+
+void Worker::HandleAssign(const std::shared_ptr<Session>& session, const v1::Assign& assign) {
+  std::shared_ptr<spdlog::logger> log = Log();
+  for (const v1::Assignment& a : assign.assignments()) {
+    JobKey key(a.job_id(), a.attempt());
+    enum class Action { kAcceptNew, kAcceptAgain, kReject } action = Action::kReject;
+    v1::Reject::Reason reason = v1::Reject::REASON_UNSPECIFIED;
+    std::string detail;
+    std::optional<v1::WorkerMessage> resend;
+    std::shared_ptr<RunningJob> job;
+    int running = 0;
+    {
+      absl::MutexLock l(&mu_);
+      running = static_cast<int>(running_.size());
+      if (running_.contains(key)) {
+        action = Action::kAcceptAgain;
+      } else if (auto it = unacked_.find(key); it != unacked_.end()) {
+        action = Action::kAcceptAgain;
+        resend = it->second;
+      } else if (shutdown_ || draining_) {
+        reason = v1::Reject::REASON_DRAINING;
+        detail = "worker is draining";
+      } else if (!types_.contains(a.type())) {
+        reason = v1::Reject::REASON_UNSUPPORTED;
+        detail = absl::StrCat("worker does not serve type \"", a.type(), "\"");
+      } else if (running >= max_concurrent_) {
+        reason = v1::Reject::REASON_RESOURCE_EXHAUSTED;
+        detail = absl::StrCat(running, " of ", max_concurrent_, " jobs running");
+      } else {
+        action = Action::kAcceptNew;
+        job = std::make_shared<RunningJob>();
+        job->key = key;
+        job->context = std::make_shared<JobContext>(a);
+        running_.emplace(key, job);
+      }
+    }
+
+    v1::WorkerMessage out;
+    if (action == Action::kReject) {
+      v1::Reject* r = out.mutable_reject();
+      r->set_job_id(a.job_id());
+      r->set_attempt(a.attempt());
+      r->set_reason(reason);
+      r->set_message(detail);
+    } else {
+      v1::Accept* acc = out.mutable_accept();
+      acc->set_job_id(a.job_id());
+      acc->set_attempt(a.attempt());
+    }
+    bool written = session->Write(out);
+
+    switch (action) {
+      case Action::kReject:
+        log->info("rejected job={} attempt={} reason={} detail={}", a.job_id(), a.attempt(),
+                  ReasonName(reason), detail);
+        break;
+      case Action::kAcceptAgain:
+        log->info("accepted again job={} attempt={} (already held)", a.job_id(), a.attempt());
+        if (resend.has_value() && written) session->Write(*resend);
+        break;
+      case Action::kAcceptNew: {
+        absl::MutexLock l(&mu_);
+        if (!written) {
+          // The daemon never saw the Accept: it will offer the job again.
+          running_.erase(key);
+          if (draining_ && running_.empty()) jobs_done_at_ = absl::Now();
+          log->warn("accept not delivered job={} attempt={}", a.job_id(), a.attempt());
+          break;
+        }
+        try {
+          job->thread = std::thread(&Worker::RunJob, this, job);
+        } catch (const std::system_error& e) {
+          running_.erase(key);
+          v1::WorkerMessage result;
+          v1::Result* r = result.mutable_result();
+          r->set_job_id(key.first);
+          r->set_attempt(key.second);
+          r->mutable_failure()->set_message(absl::StrCat("worker could not start a thread: ",
+                                                         e.what()));
+          r->mutable_failure()->set_retryable(true);
+          unacked_[key] = result;
+          log->error("thread start failed job={} attempt={} error={}", key.first, key.second,
+                     e.what());
+          break;
+        }
+        log->info("accepted job={} attempt={} type={} running={}", a.job_id(), a.attempt(),
+                  a.type(), running + 1);
+        break;
+      }
+    }
+  }
+}
+
+void Worker::HandleCancel(const v1::CancelJob& cancel) {
+  std::vector<JobKey> hit;
+  {
+    absl::MutexLock l(&mu_);
+    for (auto it = running_.lower_bound(JobKey(cancel.job_id(), INT32_MIN));
+         it != running_.end() && it->first.first == cancel.job_id(); ++it) {
+      if (cancel.attempt() != 0 && it->first.second != cancel.attempt()) continue;
+      it->second->context->Cancel(cancel.reason().empty() ? "cancelled by the daemon"
+                                                          : cancel.reason());
+      hit.push_back(it->first);
+    }
+  }
+  if (hit.empty()) {
+    Log()->info("cancel for unknown job={} attempt={} (already finished?)", cancel.job_id(),
+                cancel.attempt());
+  }
+  for (const JobKey& key : hit) {
+    Log()->info("cancelled job={} attempt={} reason={}", key.first, key.second, cancel.reason());
+  }
+}
+
+v1::WorkerMessage Worker::HeartbeatLocked() const {
+  v1::WorkerMessage m;
+  v1::Heartbeat* hb = m.mutable_heartbeat();
+  for (const auto& [key, job] : running_) {
+    if (job->drop_result) continue;
+    v1::HeldJob* held = hb->add_running_jobs();
+    held->set_job_id(key.first);
+    held->set_attempt(key.second);
+  }
+  for (const std::string& model : models_resident_) hb->add_models_resident(model);
+  return m;
+}
+
+void Worker::SessionTimerLoop(std::shared_ptr<Session> session) {
+  std::shared_ptr<spdlog::logger> log = Log();
+  {
+    absl::MutexLock l(&mu_);
+    auto settled = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return welcomed_ || session_ != session || shutdown_;
+    };
+    mu_.AwaitWithTimeout(absl::Condition(&settled), options_.welcome_timeout);
+    if (session_ != session || shutdown_) {
+      if (shutdown_) session->context.TryCancel();
+      return;
+    }
+    if (!welcomed_) {
+      log->warn("no Welcome within {} worker={}", absl::FormatDuration(options_.welcome_timeout),
+                options_.worker_id);
+      session->context.TryCancel();
+      return;
+    }
+  }
+  while (true) {
+    v1::WorkerMessage heartbeat;
+    bool drained = false;
+    {
+      absl::MutexLock l(&mu_);
+      auto stop = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return session_ != session || shutdown_ || DrainDoneLocked();
+      };
+      mu_.AwaitWithTimeout(absl::Condition(&stop), heartbeat_interval_);
+      if (session_ != session || shutdown_) return;
+      drained = DrainDoneLocked();
+      if (!drained) heartbeat = HeartbeatLocked();
+    }
+    JoinFinishedThreads();
+    if (drained) {
+      log->info("drained worker={}: closing the stream", options_.worker_id);
+      // Drain() announces itself too, but may lose the race with this thread; a repeat is harmless.
+      v1::WorkerMessage draining;
+      draining.mutable_draining();
+      session->Write(draining);
+      session->WritesDone();
+      absl::MutexLock l(&mu_);
+      auto gone = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return session_ != session; };
+      if (!mu_.AwaitWithTimeout(absl::Condition(&gone), absl::Seconds(2))) {
+        session->context.TryCancel();
+      }
+      return;
+    }
+    auto [used, total] = ReadMemInfo();
+    heartbeat.mutable_heartbeat()->set_ram_used_bytes(used);
+    heartbeat.mutable_heartbeat()->set_ram_total_bytes(total);
+    session->Write(heartbeat);
+  }
+}
+
+void Worker::RunJob(std::shared_ptr<RunningJob> job) {
+  std::shared_ptr<spdlog::logger> log = Log();
+  const JobKey key = job->key;
+  absl::Time start = absl::Now();
+  JobOutcome outcome;
+  try {
+    outcome = handler_(*job->context);
+  } catch (const std::exception& e) {
+    outcome = JobOutcome::Failure(absl::StrCat("handler threw: ", e.what()), false);
+  } catch (...) {
+    outcome = JobOutcome::Failure("handler threw a non-exception", false);
+  }
+  absl::Duration run_time = absl::Now() - start;
+  if (outcome.ok && static_cast<int64_t>(outcome.output.size()) > options_.max_output_bytes) {
+    outcome = JobOutcome::Failure(absl::StrCat("output too large: ", outcome.output.size(),
+                                               " bytes, limit ", options_.max_output_bytes),
+                                  false);
+  }
+
+  v1::WorkerMessage message;
+  v1::Result* r = message.mutable_result();
+  r->set_job_id(key.first);
+  r->set_attempt(key.second);
+  if (outcome.ok) {
+    r->set_output(std::move(outcome.output));
+  } else {
+    r->mutable_failure()->set_message(outcome.message);
+    r->mutable_failure()->set_retryable(outcome.retryable);
+  }
+  *r->mutable_run_time() = ToProto(run_time);
+
+  std::shared_ptr<Session> session;
+  bool dropped;
+  {
+    absl::MutexLock l(&mu_);
+    finished_threads_.push_back(std::move(job->thread));
+    running_.erase(key);
+    dropped = job->drop_result;
+    if (!dropped) {
+      unacked_[key] = message;
+      if (welcomed_) session = session_;
+    }
+    if (draining_ && running_.empty()) jobs_done_at_ = absl::Now();
+  }
+  if (dropped) {
+    log->info("finished job={} attempt={} ok={} run_time={} (result dropped: not re-adopted)",
+              key.first, key.second, outcome.ok, absl::FormatDuration(run_time));
+    return;
+  }
+  log->info("finished job={} attempt={} ok={} run_time={}{}{}", key.first, key.second, outcome.ok,
+            absl::FormatDuration(run_time), outcome.ok ? "" : " error=", outcome.message);
+  if (session != nullptr) session->Write(message);
+}
+
+void Worker::Drain() {
+  std::shared_ptr<Session> session;
+  int running;
+  {
+    absl::MutexLock l(&mu_);
+    if (draining_ || shutdown_) return;
+    draining_ = true;
+    running = static_cast<int>(running_.size());
+    if (running_.empty()) jobs_done_at_ = absl::Now();
+    if (welcomed_) session = session_;
+    Log()->info("draining worker={} running={}", options_.worker_id, running);
+  }
+  if (session != nullptr) {
+    v1::WorkerMessage m;
+    m.mutable_draining();
+    session->Write(m);
+  }
+}
+
+void Worker::Shutdown() {
+  std::shared_ptr<Session> session;
+  {
+    absl::MutexLock l(&mu_);
+    if (shutdown_) return;
+    shutdown_ = true;
+    for (auto& [key, job] : running_) job->context->Cancel("worker shutting down");
+    session = session_;
+  }
+  Log()->info("shutting down worker={}", options_.worker_id);
+  if (session != nullptr) session->context.TryCancel();
+}
+
+}  // namespace dispatchd::client

@@ -1,0 +1,197 @@
+#pragma once
+
+// C++ worker SDK: serves dispatchd jobs over one WorkerService.Connect stream.
+//
+//   absl::StatusOr<std::unique_ptr<Worker>> w = Worker::Create(
+//       {.server = "127.0.0.1:7411", .worker_id = "gpu-1", .types = {"llm.embed"}},
+//       [](JobContext& job) { return JobOutcome::Success(Embed(job.payload())); });
+//   absl::Status done = (*w)->Run();  // until Shutdown() or Drain() from any thread
+//
+// The worker is the authority on its own capacity: an assignment is accepted only while fewer than
+// `max_concurrent` jobs execute, and refused RESOURCE_EXHAUSTED otherwise, whatever the daemon
+// believes. Each handler runs on its own thread. Results are kept until the daemon acknowledges them
+// and are sent again after every reconnect; jobs keep running while the stream is down, and the
+// worker reconnects with jittered exponential backoff until Shutdown().
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "dispatchd/v1/worker_service.grpc.pb.h"
+
+namespace dispatchd::client {
+
+namespace v1 = ::dispatchd::v1;
+
+struct WorkerOptions {
+  // Daemon address, host:port.
+  std::string server;
+  // Stable identity, unique in the fleet (e.g. host:pid).
+  std::string worker_id;
+  // Job types served; at least one.
+  std::vector<std::string> types;
+  // Slots advertised in Hello; at least 1.
+  int slots = 1;
+  // Backpressure limit on jobs executing at once; 0 means `slots`.
+  int max_concurrent = 0;
+  // Placement labels.
+  std::map<std::string, std::string> labels;
+  // Models loaded at start (see Worker::SetModelsResident to change them later).
+  std::vector<std::string> models_resident;
+  // Reconnect backoff bounds (exponential with jitter).
+  absl::Duration reconnect_min = absl::Milliseconds(100);
+  absl::Duration reconnect_max = absl::Seconds(5);
+  // How long to wait for Welcome after Hello before the attempt counts as failed.
+  absl::Duration welcome_timeout = absl::Seconds(30);
+  // Heartbeat interval used when Welcome does not name one.
+  absl::Duration default_heartbeat_interval = absl::Seconds(5);
+  // After a drain, how long to keep trying to deliver unacknowledged results once no job runs.
+  absl::Duration drain_result_timeout = absl::Seconds(30);
+  // Outputs larger than this are reported as a non-retryable failure instead (the daemon's gRPC
+  // message limit would otherwise refuse the Result, again after every reconnect).
+  int64_t max_output_bytes = 4 * 1024 * 1024 - 64 * 1024;
+};
+
+// What a handler sees of its job, and its cancellation signal.
+// Thread-safe: the SDK cancels it from the stream's thread while the handler reads it.
+class JobContext {
+ public:
+  explicit JobContext(v1::Assignment assignment);
+  JobContext(const JobContext&) = delete;
+  JobContext& operator=(const JobContext&) = delete;
+
+  const std::string& job_id() const { return assignment_.job_id(); }
+  int attempt() const { return assignment_.attempt(); }
+  const std::string& type() const { return assignment_.type(); }
+  const std::string& payload() const { return assignment_.payload(); }
+  const std::string& resource_id() const { return assignment_.resource_id(); }
+  const std::string& model() const { return assignment_.model(); }
+  // When this attempt times out (the daemon cancels it then); InfiniteFuture if unset.
+  absl::Time deadline() const { return deadline_; }
+  const v1::Assignment& assignment() const { return assignment_; }
+
+  // True once the daemon cancelled the job (client cancel, timeout, not re-adopted) or the worker
+  // shuts down. The handler decides what to do; whatever it returns is still reported.
+  bool cancelled() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Blocks until cancelled or `timeout` passes; returns cancelled().
+  bool WaitForCancellation(absl::Duration timeout) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Why it was cancelled (empty while it is not).
+  std::string cancel_reason() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Cancels the job; idempotent (the first reason wins). Called by the SDK.
+  void Cancel(absl::string_view reason) ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  const v1::Assignment assignment_;
+  const absl::Time deadline_;
+  mutable absl::Mutex mu_;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  std::string cancel_reason_ ABSL_GUARDED_BY(mu_);
+};
+
+// The outcome a handler returns: success with output bytes, or failure with a message.
+struct JobOutcome {
+  static JobOutcome Success(std::string output) { return {true, std::move(output), {}, false}; }
+  static JobOutcome Failure(std::string message, bool retryable) {
+    return {false, {}, std::move(message), retryable};
+  }
+
+  bool ok = false;
+  std::string output;   // when ok
+  std::string message;  // when !ok
+  bool retryable = false;
+};
+
+// Runs one job. Called on a thread of its own; may block for as long as the job takes.
+using Handler = std::function<JobOutcome(JobContext&)>;
+
+// Serves jobs to the daemon. Run() blocks; Drain() and Shutdown() are thread-safe and may be
+// called from any thread (a signal-handling thread, a handler) before, during or after Run().
+class Worker {
+ public:
+  // INVALID_ARGUMENT (naming the field) for an empty server, worker_id or type list, slots < 1,
+  // max_concurrent < 0, a null handler, or non-positive backoff bounds.
+  static absl::StatusOr<std::unique_ptr<Worker>> Create(WorkerOptions options, Handler handler);
+
+  // Shuts down and waits for every handler thread (handlers see cancelled()).
+  ~Worker();
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  // Connects, serves and reconnects until Shutdown() or a completed drain; then OK.
+  // FAILED_PRECONDITION if called twice.
+  absl::Status Run() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Stops taking work: tells the daemon (Draining), refuses new assignments with REASON_DRAINING,
+  // lets running jobs finish and their results be acknowledged (up to drain_result_timeout), then
+  // Run() returns. Idempotent.
+  void Drain() ABSL_LOCKS_EXCLUDED(mu_);
+  // Stops now: cancels running jobs, closes the stream, and Run() returns. Idempotent.
+  void Shutdown() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Replaces the models reported as resident in heartbeats (and the next Hello).
+  void SetModelsResident(std::vector<std::string> models) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Jobs executing now (including any whose result will be dropped).
+  int RunningJobsForTest() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  struct Session;
+  struct RunningJob;
+  using JobKey = std::pair<std::string, int32_t>;  // (job id, attempt)
+
+  Worker(WorkerOptions options, Handler handler);
+
+  // One connection attempt: Hello, Welcome, then messages until the stream ends.
+  // Returns true if the session got as far as Welcome.
+  bool RunSession() ABSL_LOCKS_EXCLUDED(mu_);
+  void HandleWelcome(const std::shared_ptr<Session>& session, const v1::Welcome& welcome)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void HandleAssign(const std::shared_ptr<Session>& session, const v1::Assign& assign)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void HandleCancel(const v1::CancelJob& cancel) ABSL_LOCKS_EXCLUDED(mu_);
+  // Heartbeats and the welcome and drain watchdogs of one session.
+  void SessionTimerLoop(std::shared_ptr<Session> session) ABSL_LOCKS_EXCLUDED(mu_);
+  // Body of a job's thread.
+  void RunJob(std::shared_ptr<RunningJob> job) ABSL_LOCKS_EXCLUDED(mu_);
+  v1::WorkerMessage HeartbeatLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool DrainDoneLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void JoinFinishedThreads() ABSL_LOCKS_EXCLUDED(mu_);
+
+  const WorkerOptions options_;
+  const Handler handler_;
+  const int max_concurrent_;
+  const absl::flat_hash_set<std::string> types_;
+
+  mutable absl::Mutex mu_;
+  bool run_called_ ABSL_GUARDED_BY(mu_) = false;
+  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  // When the drain found no job running (InfiniteFuture before).
+  absl::Time jobs_done_at_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  std::vector<std::string> models_resident_ ABSL_GUARDED_BY(mu_);
+  // The open session, and whether its Welcome arrived (results are written only then).
+  std::shared_ptr<Session> session_ ABSL_GUARDED_BY(mu_);
+  bool welcomed_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_);
+  // Jobs whose handler has not returned yet.
+  std::map<JobKey, std::shared_ptr<RunningJob>> running_ ABSL_GUARDED_BY(mu_);
+  // Results sent (or to send) and not yet acknowledged, in key order.
+  std::map<JobKey, v1::WorkerMessage> unacked_ ABSL_GUARDED_BY(mu_);
+  // Threads of jobs that ended, to be joined.
+  std::vector<std::thread> finished_threads_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace dispatchd::client
