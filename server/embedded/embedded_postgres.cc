@@ -44,6 +44,10 @@ absl::StatusOr<int> RunAs(const std::vector<std::string>& argv, uid_t uid, gid_t
   pid_t pid = fork();
   if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
   if (pid == 0) {
+    // Drop privileges first, so that files the child creates belong to the server's user.
+    if (geteuid() == 0) {
+      if (setgroups(0, nullptr) != 0 || setgid(gid) != 0 || setuid(uid) != 0) _exit(126);
+    }
     int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
     if (fd >= 0) {
       dup2(fd, STDOUT_FILENO);
@@ -51,9 +55,6 @@ absl::StatusOr<int> RunAs(const std::vector<std::string>& argv, uid_t uid, gid_t
     }
     int devnull = open("/dev/null", O_RDONLY);
     if (devnull >= 0) dup2(devnull, STDIN_FILENO);
-    if (geteuid() == 0) {
-      if (setgroups(0, nullptr) != 0 || setgid(gid) != 0 || setuid(uid) != 0) _exit(126);
-    }
     setsid();  // the server must not die with the daemon's process group
     std::vector<char*> args;
     for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));

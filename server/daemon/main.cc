@@ -1,0 +1,206 @@
+// dispatchd: the composition root. Reads the command line and the config, builds the concrete
+// objects (embedded PostgreSQL if no URL is configured, the store, the dispatcher, the gRPC
+// services) and wires them; there are no other globals.
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
+#include "lib/util/clock.h"
+#include "server/config/yaml_config.h"
+#include "server/dispatch/dispatcher.h"
+#include "server/dispatch/job_events.h"
+#include "server/embedded/embedded_postgres.h"
+#include "server/rpc/admin_service.h"
+#include "server/rpc/job_service.h"
+#include "server/rpc/worker_service.h"
+#include "server/store/pg_job_store.h"
+#include "server/util/executor.h"
+#include "server/util/log.h"
+
+#ifndef DISPATCHD_VERSION
+#define DISPATCHD_VERSION "unknown"
+#endif
+
+namespace dispatchd {
+namespace {
+
+// Exit codes: 0 clean stop, 1 runtime failure (database, bind), 2 bad command line or config.
+constexpr int kExitFailure = 1;
+constexpr int kExitConfig = 2;
+
+class RealClock final : public Clock {
+ public:
+  absl::Time TimeNow() override { return absl::Now(); }
+};
+
+// Writes `content` to `path` atomically (write a sibling, then rename).
+bool WriteFileAtomically(const std::string& path, const std::string& content) {
+  std::string tmp = absl::StrCat(path, ".tmp.", getpid());
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    if (!(out << content)) return false;
+  }
+  return std::rename(tmp.c_str(), path.c_str()) == 0;
+}
+
+// Connects to PostgreSQL, retrying for `wait` so a daemon started beside its database comes up.
+absl::StatusOr<std::unique_ptr<store::PgJobStore>> ConnectStore(const config::Config& config,
+                                                                const std::string& url,
+                                                                absl::Duration wait) {
+  const absl::Time give_up = absl::Now() + wait;
+  while (true) {
+    absl::StatusOr<std::unique_ptr<store::PgJobStore>> store = store::PgJobStore::Connect(
+        store::PgStoreOptions{.url = url, .pool_size = config.postgres.pool_size});
+    if (store.ok() || store.status().code() != absl::StatusCode::kUnavailable ||
+        absl::Now() >= give_up) {
+      return store;
+    }
+    server::Log("main")->warn("database not reachable yet, retrying: {}", store.status().message());
+    absl::SleepFor(absl::Seconds(1));
+  }
+}
+
+int Run(int argc, char** argv) {
+  CLI::App app{"dispatchd: a job-dispatch daemon for GPU fleets"};
+  std::string config_path = "/etc/dispatchd/dispatchd.yaml";
+  std::string ready_file;
+  bool show_version = false;
+  app.add_option("-c,--config", config_path, "YAML config file")->capture_default_str();
+  app.add_option("--ready-file", ready_file,
+                 "once serving, write the bound gRPC address (host:port) to this file");
+  app.add_flag("--version", show_version, "print the version and exit");
+  app.footer(
+      "Exit status: 0 after a clean stop (SIGTERM/SIGINT), 1 on a runtime failure such as an "
+      "unreachable database, 2 on a bad command line or config file.\n"
+      "Example: dispatchd --config config/dispatchd.yaml");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int rc = app.exit(e);
+    return rc == 0 ? 0 : kExitConfig;
+  }
+  if (show_version) {
+    std::printf("dispatchd %s\n", DISPATCHD_VERSION);
+    return 0;
+  }
+
+  absl::StatusOr<config::Config> loaded = server::LoadConfigFile(config_path);
+  if (!loaded.ok()) {
+    std::fprintf(stderr, "dispatchd: config: %s\n", std::string(loaded.status().message()).c_str());
+    return kExitConfig;
+  }
+  const config::Config config = *std::move(loaded);
+  server::SetLogLevel(config.log_level);
+  auto log = server::Log("main");
+  log->info("starting version={} config={} listen={}", DISPATCHD_VERSION, config_path,
+            config.listen);
+  for (const config::JobTypeConfig& t : config.types) {
+    log->info("job type name={} max_concurrency={} max_attempts={} timeout={}", t.name,
+              t.max_concurrency == config::kUnlimited ? std::string("unlimited")
+                                                      : std::to_string(t.max_concurrency),
+              t.max_attempts, absl::FormatDuration(t.timeout));
+  }
+
+  // Block the stop signals in every thread; this one waits for them below.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  std::unique_ptr<server::EmbeddedPostgres> embedded;
+  std::string url = config.postgres.url;
+  if (url.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(config.state_dir, ec);
+    if (ec) {
+      log->error("state_dir: cannot create {}: {}", config.state_dir, ec.message());
+      return kExitFailure;
+    }
+    log->info("postgres.url is empty: starting the embedded PostgreSQL under {}/pg",
+              config.state_dir);
+    absl::StatusOr<std::unique_ptr<server::EmbeddedPostgres>> pg =
+        server::EmbeddedPostgres::Start(server::EmbeddedPostgresOptions{
+            .state_dir = config.state_dir,
+            .bin_dir = config.postgres.bin_dir,
+            .run_as_user = config.postgres.embedded_user});
+    if (!pg.ok()) {
+      log->error("{}", pg.status().message());
+      return kExitFailure;
+    }
+    embedded = *std::move(pg);
+    url = embedded->url();
+  }
+
+  absl::StatusOr<std::unique_ptr<store::PgJobStore>> store =
+      ConnectStore(config, url, config.postgres.connect_wait);
+  if (!store.ok()) {
+    log->error("postgres.url: {}", store.status().message());
+    return kExitFailure;
+  }
+
+  RealClock clock;
+  dispatch::JobEvents events;
+  dispatch::Dispatcher dispatcher(config, **store, clock, events);
+  if (absl::Status s = dispatcher.Start(); !s.ok()) {
+    log->error("cannot load jobs: {}", s.message());
+    return kExitFailure;
+  }
+  server::Executor executor(config.postgres.pool_size * 2);
+  rpc::JobServiceImpl job_service(config, **store, dispatcher, events, executor, clock);
+  rpc::WorkerServiceImpl worker_service(dispatcher);
+  rpc::AdminServiceImpl admin_service(config, **store, dispatcher, executor);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int bound_port = 0;
+  builder.AddListeningPort(config.listen, grpc::InsecureServerCredentials(), &bound_port);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(config.max_payload_bytes) + (1 << 20));
+  builder.RegisterService(&job_service);
+  builder.RegisterService(&worker_service);
+  builder.RegisterService(&admin_service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || bound_port == 0) {
+    log->error("listen: cannot bind {}", config.listen);
+    dispatcher.Stop();
+    return kExitFailure;
+  }
+  std::string host = config.listen.substr(0, config.listen.rfind(':'));
+  std::string address = absl::StrCat(host, ":", bound_port);
+  log->info("serving address={}", address);
+  if (!ready_file.empty() && !WriteFileAtomically(ready_file, address + "\n")) {
+    log->error("--ready-file: cannot write {}", ready_file);
+  }
+
+  int sig = 0;
+  sigwait(&signals, &sig);
+  log->info("stopping signal={}", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+  // Stop dispatching and end the worker streams, then stop admitting and let in-flight calls end.
+  // Jobs keep their rows; workers reconnect to the next daemon and report what they still run.
+  dispatcher.Stop();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(3));
+  server->Wait();
+  log->info("stopped");
+  return 0;
+}
+
+}  // namespace
+}  // namespace dispatchd
+
+int main(int argc, char** argv) { return dispatchd::Run(argc, argv); }
