@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages that dispatchd needs to build, test and run.
+#
+#   deploy/install-deps.sh
+#
+# Does nothing (and needs no privileges) when every package is already installed. Otherwise runs
+# `apt-get update` and `apt-get install -y --no-install-recommends` as root, through sudo when not
+# root. Non-interactive: safe to run in CI with no terminal.
+set -euo pipefail
+
+PACKAGES=(
+  # Toolchain
+  build-essential cmake ninja-build pkg-config
+  # gRPC and protobuf
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  # Libraries
+  libabsl-dev libspdlog-dev libfmt-dev libyaml-cpp-dev libpqxx-dev libpq-dev libcli11-dev
+  libcpp-httplib-dev libsystemd-dev
+  # Tests and benchmarks
+  libgtest-dev libgmock-dev libbenchmark-dev
+  # Database server (embedded mode and the test fixture)
+  postgresql-15
+  # Python SDK
+  python3 python3-grpcio python3-protobuf
+)
+
+say() { echo "install-deps: $*"; }
+die() {
+  echo "install-deps: error: $*" >&2
+  exit 1
+}
+
+if ! command -v dpkg-query >/dev/null 2>&1 || ! command -v apt-get >/dev/null 2>&1; then
+  die "dpkg-query and apt-get not found: this script supports Debian 12 (bookworm) only"
+fi
+
+if [[ -r /etc/os-release ]]; then
+  # shellcheck disable=SC1091
+  os_id=$(. /etc/os-release && echo "${ID:-}:${VERSION_ID:-}")
+  if [[ $os_id != debian:12 ]]; then
+    say "warning: this is ${os_id}, not debian:12; package names may differ" >&2
+  fi
+fi
+
+# The packages dpkg reports as installed; a package dpkg does not know prints nothing here.
+installed=$(dpkg-query -W -f='${Package} ${db:Status-Status}\n' "${PACKAGES[@]}" 2>/dev/null || true)
+missing=()
+for pkg in "${PACKAGES[@]}"; do
+  if ! grep -qx "${pkg} installed" <<<"$installed"; then
+    missing+=("$pkg")
+  fi
+done
+
+if ((${#missing[@]} == 0)); then
+  say "all ${#PACKAGES[@]} packages are installed"
+  exit 0
+fi
+say "missing: ${missing[*]}"
+
+as_root=()
+if [[ $(id -u) -ne 0 ]]; then
+  if command -v sudo >/dev/null 2>&1; then
+    as_root=(sudo)
+    say "not root: using sudo"
+  else
+    die "installing packages needs root, and sudo is not available. Run this script as root, or" \
+      "install these packages yourself: ${missing[*]}"
+  fi
+fi
+
+"${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update ||
+  die "apt-get update failed"
+"${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+  "${PACKAGES[@]}" || die "apt-get install failed"
+say "installed: ${missing[*]}"

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Sets up and runs the whole dispatchd test suite on a Debian 12 machine:
+#   1. install the build and test dependencies (deploy/install-deps.sh; skipped with --no-install),
+#   2. build everything with warnings as errors (deploy/build.sh -DDISPATCHD_WERROR=ON),
+#   3. run ctest: unit tests, then the store and e2e tests against a private PostgreSQL server that
+#      ctest's `pg` fixture starts and stops by itself.
+#
+#   tests/run-all.sh [--no-install] [CTEST_ARGS...]
+#   tests/run-all.sh -L unit                     # only the unit tests
+#   tests/run-all.sh --no-install -R Dispatch    # tests whose name matches
+#
+# Environment: BUILD_DIR (default: build), JOBS (compile jobs, default: all cores).
+# Exits with ctest's status (or the failing phase's). Prints how long each phase took.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+BUILD_DIR=${BUILD_DIR:-build}
+
+install=1
+ctest_args=()
+for arg in "$@"; do
+  case $arg in
+    --no-install) install=0 ;;
+    --help)
+      sed -n '2,13p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+      exit 0
+      ;;
+    *) ctest_args+=("$arg") ;;
+  esac
+done
+
+timings=()
+finish() {
+  local rc=$?
+  if ((${#timings[@]} > 0)); then
+    echo "run-all: phase timings:"
+    printf '  %s\n' "${timings[@]}"
+  fi
+  if ((rc == 0)); then echo "run-all: PASSED"; else echo "run-all: FAILED (exit $rc)" >&2; fi
+}
+trap finish EXIT
+
+# phase NAME COMMAND...: runs COMMAND, records its duration; returns its status.
+phase() {
+  local name=$1 start rc=0
+  shift
+  echo "run-all: === $name ==="
+  start=$SECONDS
+  "$@" || rc=$?
+  timings+=("$(printf '%-8s %5ds%s' "$name" $((SECONDS - start)) "$( ((rc == 0)) || echo "  (exit $rc)")")")
+  return "$rc"
+}
+
+if ((install)); then
+  phase install bash deploy/install-deps.sh
+else
+  echo "run-all: --no-install: not checking packages"
+fi
+phase build env BUILD_DIR="$BUILD_DIR" bash deploy/build.sh \
+  -DDISPATCHD_WERROR=ON -DDISPATCHD_BUILD_TESTS=ON
+phase test ctest --test-dir "$BUILD_DIR" --output-on-failure --no-tests=error -j2 "${ctest_args[@]}"
