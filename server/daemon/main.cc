@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -171,7 +172,9 @@ int Run(int argc, char** argv) {
   grpc::ServerBuilder builder;
   int bound_port = 0;
   builder.AddListeningPort(config.listen, grpc::InsecureServerCredentials(), &bound_port);
-  builder.SetMaxReceiveMessageSize(static_cast<int>(config.max_payload_bytes) + (1 << 20));
+  // Room for the largest payload (clients) and for results up to the worker SDK's 4 MiB limit.
+  builder.SetMaxReceiveMessageSize(
+      static_cast<int>(std::max<int64_t>(config.max_payload_bytes, 4 << 20)) + (1 << 20));
   builder.RegisterService(&job_service);
   builder.RegisterService(&worker_service);
   builder.RegisterService(&admin_service);
