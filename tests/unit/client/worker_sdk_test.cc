@@ -223,8 +223,13 @@ TEST_F(WorkerSdkTest, ResultsAreResentAfterReconnectUntilAcknowledged) {
   ASSERT_TRUE(s1->WaitFor(IsResult("j1")).has_value());
   s1->Close();  // no ack: the daemon "crashed" between the result and its ack
 
-  std::shared_ptr<FakeSession> s2 = Welcomed(1);
+  // The finished but unacknowledged job is still held: the Hello reports it, the daemon adopts it.
+  std::shared_ptr<FakeSession> s2 = Welcomed(1, absl::Seconds(10), {"j1"});
   ASSERT_NE(s2, nullptr);
+  std::optional<v1::WorkerMessage> hello = s2->WaitFor(IsHello());
+  ASSERT_TRUE(hello.has_value());
+  ASSERT_EQ(hello->hello().running_jobs_size(), 1);
+  EXPECT_EQ(hello->hello().running_jobs(0).job_id(), "j1");
   std::optional<v1::WorkerMessage> resent = s2->WaitFor(IsResult("j1"));
   ASSERT_TRUE(resent.has_value());
   EXPECT_EQ(resent->result().output(), "out-j1");
@@ -239,7 +244,7 @@ TEST_F(WorkerSdkTest, ResultsAreResentAfterReconnectUntilAcknowledged) {
 
   // Only j3 was unacknowledged. Results are resent right after Welcome, before any Assign is read,
   // so everything the worker would resend comes before its Accept of j4.
-  std::shared_ptr<FakeSession> s3 = Welcomed(2);
+  std::shared_ptr<FakeSession> s3 = Welcomed(2, absl::Seconds(10), {"j3"});
   ASSERT_NE(s3, nullptr);
   ASSERT_TRUE(s3->Send(Assign({{"j4", "a"}})));
   ASSERT_TRUE(s3->WaitFor(IsAccept("j4")).has_value());
@@ -249,6 +254,24 @@ TEST_F(WorkerSdkTest, ResultsAreResentAfterReconnectUntilAcknowledged) {
     if (m.has_result()) resent_ids.push_back(m.result().job_id());
   }
   EXPECT_THAT(resent_ids, ElementsAre("j3"));
+}
+
+TEST_F(WorkerSdkTest, HeldResultTheDaemonDoesNotAdoptIsDropped) {
+  gate_.Release();
+  StartWorker({}, gate_.MakeHandler());
+  std::shared_ptr<FakeSession> s1 = Welcomed(0);
+  ASSERT_NE(s1, nullptr);
+  ASSERT_TRUE(s1->Send(Assign({{"j1", "a"}})));
+  ASSERT_TRUE(s1->WaitFor(IsResult("j1")).has_value());
+  s1->Close();
+  // The daemon no longer counts j1's attempt as current: it adopts nothing.
+  std::shared_ptr<FakeSession> s2 = Welcomed(1);
+  ASSERT_NE(s2, nullptr);
+  ASSERT_TRUE(s2->Send(Assign({{"j2", "a"}})));
+  ASSERT_TRUE(s2->WaitFor(IsResult("j2")).has_value());
+  for (const v1::WorkerMessage& m : s2->Received()) {
+    EXPECT_FALSE(m.has_result() && m.result().job_id() == "j1") << "dropped result was resent";
+  }
 }
 
 TEST_F(WorkerSdkTest, CancelJobReachesTheHandlerAndItsOutcomeIsReported) {
