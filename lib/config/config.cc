@@ -2,6 +2,7 @@
 
 #include "absl/strings/string_view.h"
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -66,7 +67,40 @@ absl::Status Config::Validate() const {
   if (postgres.url.empty() && postgres.embedded_user.empty()) {
     return Bad("postgres.embedded_user", "must not be empty when postgres.url is empty");
   }
+  if (max_active < 1) return Bad("max_active", absl::StrCat("must be >= 1, got ", max_active));
+  if (idempotency_window < absl::ZeroDuration()) {
+    return Bad("idempotency_window", "must not be negative");
+  }
+  if (scheduler.policy != "fair" && scheduler.policy != "fifo") {
+    return Bad("scheduler.policy",
+               absl::StrCat("want fair or fifo, got \"", scheduler.policy, "\""));
+  }
+  if (!(scheduler.cost_alpha > 0 && scheduler.cost_alpha <= 1)) {
+    return Bad("scheduler.cost_alpha", absl::StrCat("must be in (0, 1], got ", scheduler.cost_alpha));
+  }
+  if (scheduler.key_ttl <= absl::ZeroDuration()) return Bad("scheduler.key_ttl", "must be positive");
+  absl::flat_hash_set<absl::string_view> tier_names;
+  for (size_t i = 0; i < tiers.size(); ++i) {
+    std::string key = absl::StrCat("tiers[", i, "]");
+    if (!ValidTypeName(tiers[i].name)) {
+      return Bad(absl::StrCat(key, ".name"),
+                 absl::StrCat("want 1-128 of [A-Za-z0-9._-], got \"", tiers[i].name, "\""));
+    }
+    if (!tier_names.insert(tiers[i].name).second) {
+      return Bad(absl::StrCat(key, ".name"), absl::StrCat("duplicate tier \"", tiers[i].name, "\""));
+    }
+    if (tiers[i].value < 1) {
+      return Bad(absl::StrCat(key, ".value"), absl::StrCat("must be >= 1, got ", tiers[i].value));
+    }
+  }
   if (types.empty()) return Bad("types", "at least one job type is required");
+  // Types that share a model share its bucket and its VRAM: their settings must agree.
+  struct ModelSetting {
+    size_t type_index;
+    double vram_gb;
+    RateLimit rate;
+  };
+  absl::flat_hash_map<std::string, ModelSetting> models;
   absl::flat_hash_set<absl::string_view> seen;
   for (size_t i = 0; i < types.size(); ++i) {
     const JobTypeConfig& t = types[i];
@@ -95,8 +129,72 @@ absl::Status Config::Validate() const {
     if (t.max_backoff < t.retry_backoff) {
       return Bad(absl::StrCat(key, ".max_backoff"), "must be >= retry_backoff");
     }
+    if (!t.tier.empty() && FindTier(t.tier) == nullptr) {
+      return Bad(absl::StrCat(key, ".tier"), absl::StrCat("unknown tier \"", t.tier, "\""));
+    }
+    if (!(t.default_cost > 0)) {
+      return Bad(absl::StrCat(key, ".default_cost"), absl::StrCat("must be > 0, got ", t.default_cost));
+    }
+    if (t.vram_gb >= 0 && t.model.empty()) {
+      return Bad(absl::StrCat(key, ".vram_gb"), "needs a model (the VRAM is the model's)");
+    }
+    if (t.rate.per_second < 0) {
+      return Bad(absl::StrCat(key, ".rps"), absl::StrCat("must be > 0, got ", t.rate.per_second));
+    }
+    if (t.rate.burst < 1) {
+      return Bad(absl::StrCat(key, ".burst"), absl::StrCat("must be >= 1, got ", t.rate.burst));
+    }
+    if (t.max_queue_depth < 1) {
+      return Bad(absl::StrCat(key, ".max_queue_depth"),
+                 absl::StrCat("must be >= 1, got ", t.max_queue_depth));
+    }
+    if (t.max_affinity_wait < absl::ZeroDuration()) {
+      return Bad(absl::StrCat(key, ".max_affinity_wait"), "must not be negative");
+    }
+    auto [it, first] = models.try_emplace(t.rate_key(), ModelSetting{i, t.vram_gb, t.rate});
+    if (!first) {
+      ModelSetting& m = it->second;
+      if (t.vram_gb >= 0 && m.vram_gb >= 0 && t.vram_gb != m.vram_gb) {
+        return Bad(absl::StrCat(key, ".vram_gb"),
+                   absl::StrCat("model \"", t.model, "\" already has vram_gb ", m.vram_gb,
+                                " from types[", m.type_index, "]"));
+      }
+      if (t.rate.limited() && m.rate.limited() && !(t.rate == m.rate)) {
+        return Bad(absl::StrCat(key, ".rps"),
+                   absl::StrCat("model \"", t.model, "\" already has a different rate limit from types[",
+                                m.type_index, "]"));
+      }
+      if (m.vram_gb < 0) m.vram_gb = t.vram_gb;
+      if (!m.rate.limited()) m.rate = t.rate;
+    }
   }
   return absl::OkStatus();
+}
+
+const TierConfig* Config::FindTier(absl::string_view name) const {
+  for (const TierConfig& t : tiers) {
+    if (t.name == name) return &t;
+  }
+  return nullptr;
+}
+
+std::vector<std::string> Config::Warnings() const {
+  // Types that share a model share its budget: one type setting vram_gb covers them all, so warn
+  // once per model, and only when none of its types sets it.
+  absl::flat_hash_set<absl::string_view> budgeted;
+  for (const JobTypeConfig& t : types) {
+    if (!t.model.empty() && t.vram_gb >= 0) budgeted.insert(t.model);
+  }
+  std::vector<std::string> out;
+  absl::flat_hash_set<absl::string_view> warned;
+  for (size_t i = 0; i < types.size(); ++i) {
+    const JobTypeConfig& t = types[i];
+    if (t.model.empty() || budgeted.contains(t.model) || !warned.insert(t.model).second) continue;
+    out.push_back(absl::StrCat("types[", i, "].vram_gb: type \"", t.name, "\" (model \"", t.model,
+                               "\") has no VRAM budget, nor does any other type of the model; it "
+                               "counts as 0 GB, so it fits beside any model on any worker"));
+  }
+  return out;
 }
 
 const JobTypeConfig* Config::FindType(absl::string_view name) const {

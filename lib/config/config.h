@@ -16,6 +16,25 @@ enum class OnOrphan { kRequeue, kFail };
 
 inline constexpr int kUnlimited = std::numeric_limits<int>::max();
 
+// A tier (`tiers[i]`): its value is both its priority (higher is dispatched first) and the most
+// jobs of the tier that run at once, as in "background = 10: at most 10 background jobs run".
+struct TierConfig {
+  std::string name;
+  int value = 0;
+};
+
+// Token bucket of a model (`types[i].rpm`/`rps` and `burst`). `per_second == 0`: no limit.
+struct RateLimit {
+  double per_second = 0;
+  // Dispatches allowed at once after an idle spell: the bucket's capacity.
+  int burst = 1;
+
+  bool limited() const { return per_second > 0; }
+  friend bool operator==(const RateLimit& a, const RateLimit& b) {
+    return a.per_second == b.per_second && a.burst == b.burst;
+  }
+};
+
 // One registered job type (`types[i]` in the YAML file).
 struct JobTypeConfig {
   std::string name;
@@ -31,6 +50,34 @@ struct JobTypeConfig {
   OnOrphan on_orphan = OnOrphan::kRequeue;
   // Affinity key: jobs of one model share a loaded model on a worker. Empty: none.
   std::string model;
+  // Tier by name (`tiers`); empty: the implicit lowest tier, priority 0 and no cap.
+  std::string tier;
+  // Jobs of one non-empty group on one resource_id never run at once (across types).
+  std::string conflict_group;
+  // Estimated cost in seconds of wall time, until the first observation of a (type, resource).
+  double default_cost = 1.0;
+  // GPU memory the model needs, in GB; negative: not set (counts as 0, with a warning at start).
+  double vram_gb = -1;
+  // Token bucket of the type's model (or of the type itself when it has no model).
+  RateLimit rate;
+  // Jobs of this type waiting in the queue at once; a Submit beyond it is refused.
+  int max_queue_depth = kUnlimited;
+  // How long a job may wait for a worker to leave another model before one is made to.
+  absl::Duration max_affinity_wait = absl::Seconds(30);
+
+  // The bucket and the model affinity key: `model`, or the type's name when it has none.
+  const std::string& rate_key() const { return model.empty() ? name : model; }
+};
+
+// `scheduler:` in the YAML file.
+struct SchedulerConfig {
+  // "fair": tiers, weighted fair queuing and model affinity. "fifo": arrival order only (caps,
+  // conflicts, rate limits and VRAM still hold); a baseline for comparisons.
+  std::string policy = "fair";
+  // Weight of the newest observation in the cost estimate (exponential moving average).
+  double cost_alpha = 0.3;
+  // Idle fairness keys and cost estimates unused this long are forgotten.
+  absl::Duration key_ttl = absl::Minutes(10);
 };
 
 struct PostgresConfig {
@@ -64,7 +111,13 @@ struct Config {
   // After a restart, how long jobs that were dispatched or running wait for their workers to
   // reconnect and re-adopt them before on_orphan applies.
   absl::Duration orphan_grace = absl::Seconds(30);
+  // Jobs queued, dispatched or running at once; a Submit beyond it is refused with a retry hint.
+  int64_t max_active = 1'000'000;
+  // How long after a job ends a repeat of its idempotency_key still returns it.
+  absl::Duration idempotency_window = absl::Hours(24);
   PostgresConfig postgres;
+  SchedulerConfig scheduler;
+  std::vector<TierConfig> tiers;
   std::vector<JobTypeConfig> types;
 
   // OK, or InvalidArgument naming the offending key, e.g. "types[2].max_concurrency: must be >= 1".
@@ -72,6 +125,11 @@ struct Config {
 
   // The type named `name`, or nullptr.
   const JobTypeConfig* FindType(absl::string_view name) const;
+  // The tier named `name`, or nullptr (also for the empty name: the implicit default tier).
+  const TierConfig* FindTier(absl::string_view name) const;
+
+  // Things worth a warning at start that are not errors, e.g. a model type with no vram_gb.
+  std::vector<std::string> Warnings() const;
 };
 
 }  // namespace dispatchd::config

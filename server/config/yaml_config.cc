@@ -1,8 +1,10 @@
 #include "server/config/yaml_config.h"
 
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -49,6 +51,16 @@ int IntInRange(const YAML::Node& node, const std::string& key) {
   return static_cast<int>(v);
 }
 
+double Number(const YAML::Node& node, const std::string& key) {
+  double v = 0;
+  std::string s = Scalar(node, key);
+  // SimpleAtod also takes "nan" and "inf"; no key here has a use for them.
+  if (!absl::SimpleAtod(s, &v) || !std::isfinite(v)) {
+    Fail(node, key, absl::StrCat("want a number, e.g. 2 or 0.5, got \"", s, "\""));
+  }
+  return v;
+}
+
 absl::Duration Duration(const YAML::Node& node, const std::string& key) {
   std::string s = Scalar(node, key);
   absl::Duration d;
@@ -76,11 +88,32 @@ void ForEachKey(const YAML::Node& map, const std::string& path,
   }
 }
 
+config::TierConfig ParseTier(const YAML::Node& node, const std::string& path) {
+  config::TierConfig tier;
+  bool has_value = false;
+  ForEachKey(node, path, {"name", "value"},
+             [&](const std::string& key, const std::string& full, const YAML::Node& v) {
+               if (key == "name") tier.name = String(v, full);
+               if (key == "value") {
+                 tier.value = IntInRange(v, full);
+                 has_value = true;
+               }
+             });
+  if (tier.name.empty()) Fail(node, path + ".name", "required");
+  // No default: a tier's value is both its priority and its cap, so it must be chosen.
+  if (!has_value) Fail(node, path + ".value", "required");
+  return tier;
+}
+
 config::JobTypeConfig ParseType(const YAML::Node& node, const std::string& path) {
   config::JobTypeConfig t;
+  // Rate keys are checked together after the loop: rpm and rps are two spellings of one rate.
+  // Set with emplace(): YAML::Node's operator= would write into the document.
+  std::optional<YAML::Node> rpm, rps, burst;
   ForEachKey(node, path,
-             {"name", "max_concurrency", "max_attempts", "timeout", "retry_backoff",
-              "max_backoff", "on_orphan", "model"},
+             {"name", "max_concurrency", "max_attempts", "timeout", "retry_backoff", "max_backoff",
+              "on_orphan", "model", "tier", "conflict_group", "default_cost", "vram_gb", "rpm",
+              "rps", "burst", "max_queue_depth", "max_affinity_wait"},
              [&](const std::string& key, const std::string& full, const YAML::Node& v) {
                if (key == "name") t.name = String(v, full);
                if (key == "max_concurrency") t.max_concurrency = IntInRange(v, full);
@@ -99,8 +132,40 @@ config::JobTypeConfig ParseType(const YAML::Node& node, const std::string& path)
                    Fail(v, full, absl::StrCat("want requeue or fail, got \"", s, "\""));
                  }
                }
+               if (key == "tier") t.tier = String(v, full);
+               if (key == "conflict_group") t.conflict_group = String(v, full);
+               if (key == "default_cost") t.default_cost = Number(v, full);
+               if (key == "vram_gb") {
+                 // Negative stands for "not set" in JobTypeConfig; the file may not say it.
+                 t.vram_gb = Number(v, full);
+                 if (t.vram_gb < 0) Fail(v, full, absl::StrCat("must be >= 0, got ", t.vram_gb));
+               }
+               if (key == "rpm") {
+                 rpm.emplace(v);
+                 double n = Number(v, full);
+                 if (!(n > 0)) Fail(v, full, absl::StrCat("must be > 0, got ", n));
+                 t.rate.per_second = n / 60;
+               }
+               if (key == "rps") {
+                 rps.emplace(v);
+                 double n = Number(v, full);
+                 if (!(n > 0)) Fail(v, full, absl::StrCat("must be > 0, got ", n));
+                 t.rate.per_second = n;
+               }
+               if (key == "burst") {
+                 burst.emplace(v);
+                 t.rate.burst = IntInRange(v, full);
+               }
+               if (key == "max_queue_depth") t.max_queue_depth = IntInRange(v, full);
+               if (key == "max_affinity_wait") t.max_affinity_wait = Duration(v, full);
              });
   if (t.name.empty()) Fail(node, path + ".name", "required");
+  if (rpm && rps) {
+    Fail(*rps, path + ".rps", "set rpm or rps, not both (rpm: per minute, rps: per second)");
+  }
+  if (burst && !rpm && !rps) {
+    Fail(*burst, path + ".burst", "needs rpm or rps (burst is the capacity of a rate limit)");
+  }
   return t;
 }
 
@@ -109,7 +174,8 @@ config::Config ParseRoot(const YAML::Node& root) {
   if (root.IsNull()) return c;
   ForEachKey(root, "",
              {"listen", "state_dir", "log_level", "max_payload_bytes", "heartbeat_interval",
-              "worker_stale_after", "orphan_grace", "postgres", "types"},
+              "worker_stale_after", "orphan_grace", "max_active", "idempotency_window", "postgres",
+              "scheduler", "tiers", "types"},
              [&](const std::string& key, const std::string& full, const YAML::Node& v) {
                if (key == "listen") c.listen = String(v, full);
                if (key == "state_dir") c.state_dir = String(v, full);
@@ -118,6 +184,8 @@ config::Config ParseRoot(const YAML::Node& root) {
                if (key == "heartbeat_interval") c.heartbeat_interval = Duration(v, full);
                if (key == "worker_stale_after") c.worker_stale_after = Duration(v, full);
                if (key == "orphan_grace") c.orphan_grace = Duration(v, full);
+               if (key == "max_active") c.max_active = Int(v, full);
+               if (key == "idempotency_window") c.idempotency_window = Duration(v, full);
                if (key == "postgres") {
                  ForEachKey(v, full, {"url", "pool_size", "embedded_user", "bin_dir", "connect_wait"},
                             [&](const std::string& k, const std::string& f, const YAML::Node& pv) {
@@ -127,6 +195,20 @@ config::Config ParseRoot(const YAML::Node& root) {
                               if (k == "bin_dir") c.postgres.bin_dir = String(pv, f);
                               if (k == "connect_wait") c.postgres.connect_wait = Duration(pv, f);
                             });
+               }
+               if (key == "scheduler") {
+                 ForEachKey(v, full, {"policy", "cost_alpha", "key_ttl"},
+                            [&](const std::string& k, const std::string& f, const YAML::Node& sv) {
+                              if (k == "policy") c.scheduler.policy = String(sv, f);
+                              if (k == "cost_alpha") c.scheduler.cost_alpha = Number(sv, f);
+                              if (k == "key_ttl") c.scheduler.key_ttl = Duration(sv, f);
+                            });
+               }
+               if (key == "tiers") {
+                 if (!v.IsSequence()) Fail(v, full, "want a list of {name, value} mappings");
+                 for (size_t i = 0; i < v.size(); ++i) {
+                   c.tiers.push_back(ParseTier(v[i], absl::StrCat("tiers[", i, "]")));
+                 }
                }
                if (key == "types") {
                  if (!v.IsSequence()) Fail(v, full, "want a list of job types");

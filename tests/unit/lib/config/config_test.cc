@@ -1,7 +1,11 @@
 #include "lib/config/config.h"
 
+#include <string>
+#include <vector>
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+
 #include "tests/testing/status_matchers.h"
 
 namespace dispatchd::config {
@@ -9,6 +13,8 @@ namespace {
 
 using ::dispatchd::testing::IsOk;
 using ::dispatchd::testing::StatusIs;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
 
 Config ValidConfig() {
   Config c;
@@ -71,6 +77,167 @@ TEST(ConfigTest, FindTypeByName) {
   ASSERT_NE(c.FindType("llm.cover_letter"), nullptr);
   EXPECT_EQ(c.FindType("llm.cover_letter")->max_concurrency, 4);
   EXPECT_EQ(c.FindType("nope"), nullptr);
+}
+
+TEST(ConfigTest, FindTierByName) {
+  Config c = ValidConfig();
+  c.tiers = {{.name = "background", .value = 10}, {.name = "foreground", .value = 40}};
+  ASSERT_NE(c.FindTier("foreground"), nullptr);
+  EXPECT_EQ(c.FindTier("foreground")->value, 40);
+  EXPECT_EQ(c.FindTier("nope"), nullptr);
+  // The empty name is the implicit default tier, which has no TierConfig.
+  EXPECT_EQ(c.FindTier(""), nullptr);
+}
+
+TEST(ConfigTest, TypeTierMustExist) {
+  Config c = ValidConfig();
+  c.tiers = {{.name = "background", .value = 10}};
+  c.types[1].tier = "background";
+  EXPECT_THAT(c.Validate(), IsOk());
+  c.types[1].tier = "foreground";
+  EXPECT_THAT(c.Validate(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                     "types[1].tier: unknown tier \"foreground\""));
+}
+
+TEST(ConfigTest, TierValueMustBePositive) {
+  Config c = ValidConfig();
+  c.tiers = {{.name = "background", .value = 10}, {.name = "foreground", .value = 0}};
+  EXPECT_THAT(c.Validate(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "tiers[1].value: must be >= 1, got 0"));
+}
+
+TEST(ConfigTest, RefusesDuplicateTiers) {
+  Config c = ValidConfig();
+  c.tiers = {{.name = "background", .value = 10}, {.name = "background", .value = 20}};
+  EXPECT_THAT(c.Validate(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                     "tiers[1].name: duplicate tier \"background\""));
+}
+
+TEST(ConfigTest, DefaultCostMustBePositive) {
+  Config c = ValidConfig();
+  c.types[0].default_cost = 0;
+  EXPECT_THAT(c.Validate(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "types[0].default_cost: must be > 0"));
+  c.types[0].default_cost = -2;
+  EXPECT_THAT(c.Validate(), StatusIs(absl::StatusCode::kInvalidArgument, "types[0].default_cost"));
+  c.types[0].default_cost = 0.25;
+  EXPECT_THAT(c.Validate(), IsOk());
+}
+
+TEST(ConfigTest, VramNeedsAModel) {
+  Config c = ValidConfig();
+  c.types[1].vram_gb = 16;
+  EXPECT_THAT(c.Validate(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "types[1].vram_gb: needs a model"));
+  c.types[1].model = "llama";
+  EXPECT_THAT(c.Validate(), IsOk());
+}
+
+TEST(ConfigTest, BurstMustBePositive) {
+  Config c = ValidConfig();
+  c.types[1].rate = {.per_second = 2, .burst = 0};
+  EXPECT_THAT(c.Validate(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "types[1].burst: must be >= 1, got 0"));
+}
+
+TEST(ConfigTest, QueueDepthMustBePositive) {
+  Config c = ValidConfig();
+  c.types[0].max_queue_depth = 0;
+  EXPECT_THAT(c.Validate(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                     "types[0].max_queue_depth: must be >= 1, got 0"));
+}
+
+TEST(ConfigTest, AffinityWaitMustNotBeNegative) {
+  Config c = ValidConfig();
+  c.types[0].max_affinity_wait = absl::ZeroDuration();
+  EXPECT_THAT(c.Validate(), IsOk());
+  c.types[0].max_affinity_wait = -absl::Seconds(1);
+  EXPECT_THAT(c.Validate(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                     "types[0].max_affinity_wait: must not be negative"));
+}
+
+TEST(ConfigTest, PolicyIsFairOrFifo) {
+  Config c = ValidConfig();
+  c.scheduler.policy = "fifo";
+  EXPECT_THAT(c.Validate(), IsOk());
+  c.scheduler.policy = "lifo";
+  EXPECT_THAT(c.Validate(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                     "scheduler.policy: want fair or fifo, got \"lifo\""));
+}
+
+TEST(ConfigTest, CostAlphaIsInZeroOne) {
+  Config c = ValidConfig();
+  c.scheduler.cost_alpha = 1;
+  EXPECT_THAT(c.Validate(), IsOk());
+  for (double bad : {0.0, -0.1, 1.5}) {
+    c.scheduler.cost_alpha = bad;
+    EXPECT_THAT(c.Validate(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                       "scheduler.cost_alpha: must be in (0, 1]"))
+        << bad;
+  }
+}
+
+TEST(ConfigTest, MaxActiveMustBePositive) {
+  Config c = ValidConfig();
+  c.max_active = 0;
+  EXPECT_THAT(c.Validate(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "max_active: must be >= 1, got 0"));
+}
+
+TEST(ConfigTest, TypesSharingAModelMustAgreeOnVram) {
+  Config c = ValidConfig();
+  c.types.push_back(JobTypeConfig{.name = "llm.summary", .model = "llama", .vram_gb = 16});
+  c.types.push_back(JobTypeConfig{.name = "llm.chat", .model = "llama"});
+  // One type may carry the model's budget for all of them.
+  EXPECT_THAT(c.Validate(), IsOk());
+  c.types[3].vram_gb = 16;
+  EXPECT_THAT(c.Validate(), IsOk());
+  c.types[3].vram_gb = 24;
+  EXPECT_THAT(c.Validate(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "types[3].vram_gb: model \"llama\" already has vram_gb 16 from types[2]"));
+}
+
+TEST(ConfigTest, TypesSharingAModelMustAgreeOnRate) {
+  Config c = ValidConfig();
+  c.types.push_back(JobTypeConfig{
+      .name = "llm.summary", .model = "llama", .rate = {.per_second = 2, .burst = 4}});
+  c.types.push_back(JobTypeConfig{.name = "llm.chat", .model = "llama"});
+  EXPECT_THAT(c.Validate(), IsOk());
+  c.types[3].rate = {.per_second = 2, .burst = 4};
+  EXPECT_THAT(c.Validate(), IsOk());
+  c.types[3].rate = {.per_second = 2, .burst = 8};
+  EXPECT_THAT(c.Validate(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                     "types[3].rps: model \"llama\" already has a different rate"));
+  c.types[3].rate = {.per_second = 3, .burst = 4};
+  EXPECT_THAT(c.Validate(), StatusIs(absl::StatusCode::kInvalidArgument, "types[3].rps"));
+}
+
+TEST(ConfigTest, NoWarningsWithoutModels) { EXPECT_THAT(ValidConfig().Warnings(), IsEmpty()); }
+
+TEST(ConfigTest, MissingVramWarnsOncePerModel) {
+  Config c = ValidConfig();
+  c.types.push_back(JobTypeConfig{.name = "llm.summary", .model = "llama"});
+  c.types.push_back(JobTypeConfig{.name = "llm.chat", .model = "llama"});
+  c.types.push_back(JobTypeConfig{.name = "image.generate", .model = "sdxl"});
+  std::vector<std::string> w = c.Warnings();
+  ASSERT_EQ(w.size(), 2u);
+  EXPECT_THAT(w[0], HasSubstr("types[2].vram_gb"));
+  EXPECT_THAT(w[0], HasSubstr("\"llm.summary\""));
+  EXPECT_THAT(w[0], HasSubstr("model \"llama\""));
+  EXPECT_THAT(w[0], HasSubstr("0 GB"));
+  EXPECT_THAT(w[1], HasSubstr("types[4].vram_gb"));
+  EXPECT_THAT(w[1], HasSubstr("model \"sdxl\""));
+}
+
+TEST(ConfigTest, NoVramWarningWhenAnyTypeOfTheModelSetsIt) {
+  Config c = ValidConfig();
+  c.types.push_back(JobTypeConfig{.name = "llm.summary", .model = "llama"});
+  c.types.push_back(JobTypeConfig{.name = "llm.chat", .model = "llama", .vram_gb = 16});
+  EXPECT_THAT(c.Warnings(), IsEmpty());
+  // 0 GB said out loud is a budget, not a missing one.
+  c.types[3].vram_gb = 0;
+  EXPECT_THAT(c.Warnings(), IsEmpty());
 }
 
 }  // namespace

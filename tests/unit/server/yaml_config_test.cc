@@ -1,0 +1,183 @@
+#include "server/config/yaml_config.h"
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+#include "lib/config/config.h"
+#include "tests/testing/status_matchers.h"
+
+namespace dispatchd::server {
+namespace {
+
+using ::dispatchd::testing::IsOk;
+using ::dispatchd::testing::StatusIs;
+using ::testing::DoubleEq;
+using ::testing::HasSubstr;
+
+// Every key added with tiers, models and rate limits, each set away from its default.
+constexpr char kFull[] = R"(
+max_active: 5000
+idempotency_window: 2h
+scheduler:
+  policy: fifo
+  cost_alpha: 0.5
+  key_ttl: 20m
+tiers:
+  - {name: background, value: 10}
+  - {name: foreground, value: 40}
+types:
+  - name: llm.generate
+    model: llama
+    tier: foreground
+    conflict_group: gpu-writer
+    default_cost: 2.5
+    vram_gb: 16
+    rpm: 20
+    burst: 5
+    max_queue_depth: 100
+    max_affinity_wait: 45s
+  - name: embed.text
+    tier: background
+    rps: 50
+  - name: echo
+)";
+
+absl::StatusOr<config::Config> Parse(const std::string& yaml) {
+  return ParseConfig(yaml, "test.yaml");
+}
+
+TEST(YamlConfigTest, ParsesEveryNewKey) {
+  absl::StatusOr<config::Config> c = Parse(kFull);
+  ASSERT_THAT(c, IsOk());
+  EXPECT_EQ(c->max_active, 5000);
+  EXPECT_EQ(c->idempotency_window, absl::Hours(2));
+  EXPECT_EQ(c->scheduler.policy, "fifo");
+  EXPECT_THAT(c->scheduler.cost_alpha, DoubleEq(0.5));
+  EXPECT_EQ(c->scheduler.key_ttl, absl::Minutes(20));
+  ASSERT_EQ(c->tiers.size(), 2u);
+  EXPECT_EQ(c->tiers[0].name, "background");
+  EXPECT_EQ(c->tiers[0].value, 10);
+  EXPECT_EQ(c->tiers[1].name, "foreground");
+  EXPECT_EQ(c->tiers[1].value, 40);
+
+  ASSERT_EQ(c->types.size(), 3u);
+  const config::JobTypeConfig& llm = c->types[0];
+  EXPECT_EQ(llm.model, "llama");
+  EXPECT_EQ(llm.tier, "foreground");
+  EXPECT_EQ(llm.conflict_group, "gpu-writer");
+  EXPECT_THAT(llm.default_cost, DoubleEq(2.5));
+  EXPECT_THAT(llm.vram_gb, DoubleEq(16));
+  EXPECT_THAT(llm.rate.per_second, DoubleEq(1.0 / 3));  // 20 per minute
+  EXPECT_EQ(llm.rate.burst, 5);
+  EXPECT_EQ(llm.max_queue_depth, 100);
+  EXPECT_EQ(llm.max_affinity_wait, absl::Seconds(45));
+
+  const config::JobTypeConfig& embed = c->types[1];
+  EXPECT_EQ(embed.tier, "background");
+  EXPECT_THAT(embed.rate.per_second, DoubleEq(50));
+  EXPECT_EQ(embed.rate.burst, 1);  // default
+
+  // Left out: the defaults.
+  const config::JobTypeConfig& echo = c->types[2];
+  EXPECT_EQ(echo.tier, "");
+  EXPECT_EQ(echo.conflict_group, "");
+  EXPECT_THAT(echo.default_cost, DoubleEq(1.0));
+  EXPECT_LT(echo.vram_gb, 0);
+  EXPECT_FALSE(echo.rate.limited());
+  EXPECT_EQ(echo.max_queue_depth, config::kUnlimited);
+  EXPECT_EQ(echo.max_affinity_wait, absl::Seconds(30));
+}
+
+TEST(YamlConfigTest, DefaultsWhenNewKeysAreLeftOut) {
+  absl::StatusOr<config::Config> c = Parse("types:\n  - name: echo\n");
+  ASSERT_THAT(c, IsOk());
+  config::Config defaults;
+  EXPECT_EQ(c->max_active, defaults.max_active);
+  EXPECT_EQ(c->idempotency_window, defaults.idempotency_window);
+  EXPECT_EQ(c->scheduler.policy, "fair");
+  EXPECT_TRUE(c->tiers.empty());
+}
+
+TEST(YamlConfigTest, RefusesRpmAndRpsTogether) {
+  EXPECT_THAT(Parse("types:\n"
+                    "  - name: llm\n"
+                    "    rpm: 20\n"
+                    "    rps: 1\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "test.yaml:4:10: types[0].rps: set rpm or rps, not both"));
+}
+
+TEST(YamlConfigTest, RefusesBurstWithoutRate) {
+  EXPECT_THAT(Parse("types:\n"
+                    "  - name: llm\n"
+                    "    burst: 5\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "test.yaml:3:12: types[0].burst: needs rpm or rps"));
+}
+
+TEST(YamlConfigTest, RateMustBePositive) {
+  EXPECT_THAT(Parse("types:\n"
+                    "  - name: llm\n"
+                    "    rpm: 0\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "test.yaml:3:10: types[0].rpm: must be > 0, got 0"));
+  EXPECT_THAT(Parse("types:\n"
+                    "  - name: llm\n"
+                    "    rps: -2\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "types[0].rps: must be > 0, got -2"));
+}
+
+TEST(YamlConfigTest, RefusesNonNumberVram) {
+  EXPECT_THAT(Parse("types:\n"
+                    "  - name: llm\n"
+                    "    model: llama\n"
+                    "    vram_gb: lots\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "test.yaml:4:14: types[0].vram_gb: want a number"));
+  EXPECT_THAT(Parse("types:\n"
+                    "  - name: llm\n"
+                    "    model: llama\n"
+                    "    vram_gb: -1\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "types[0].vram_gb: must be >= 0"));
+}
+
+TEST(YamlConfigTest, RefusesUnknownKeyUnderScheduler) {
+  absl::StatusOr<config::Config> c = Parse(
+      "scheduler:\n"
+      "  policy: fair\n"
+      "  cost_alfa: 0.5\n"
+      "types:\n"
+      "  - name: echo\n");
+  EXPECT_THAT(c, StatusIs(absl::StatusCode::kInvalidArgument,
+                          "test.yaml:3:3: scheduler.cost_alfa: unknown key"));
+  EXPECT_THAT(c.status().message(), HasSubstr("policy, cost_alpha, key_ttl"));
+}
+
+TEST(YamlConfigTest, TierNeedsNameAndValue) {
+  EXPECT_THAT(Parse("tiers:\n"
+                    "  - {name: background}\n"
+                    "types:\n"
+                    "  - name: echo\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "tiers[0].value: required"));
+  EXPECT_THAT(Parse("tiers:\n"
+                    "  - {name: background, value: 10, cap: 3}\n"
+                    "types:\n"
+                    "  - name: echo\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "tiers[0].cap: unknown key"));
+}
+
+TEST(YamlConfigTest, ValidationErrorPointsAtTheKey) {
+  // Validate() finds the unknown tier; the position is that of the `tier` value.
+  EXPECT_THAT(Parse("types:\n"
+                    "  - name: echo\n"
+                    "    tier: foreground\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "test.yaml:3:11: types[0].tier: unknown tier \"foreground\""));
+}
+
+}  // namespace
+}  // namespace dispatchd::server
