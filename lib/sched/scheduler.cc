@@ -1,8 +1,12 @@
 #include "lib/sched/scheduler.h"
 
 #include <algorithm>
+#include <tuple>
 #include <utility>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "lib/util/check.h"
 
 namespace dispatchd::sched {
@@ -11,34 +15,515 @@ absl::string_view ToString(WaitReason reason) {
   switch (reason) {
     case WaitReason::kNone: return "none";
     case WaitReason::kNotBefore: return "not_before";
+    case WaitReason::kTierCap: return "tier_cap";
     case WaitReason::kTypeCap: return "type_cap";
+    case WaitReason::kConflict: return "conflict";
+    case WaitReason::kRateLimit: return "rate_limit";
     case WaitReason::kNoWorker: return "no_worker";
     case WaitReason::kWorkersBusy: return "workers_busy";
+    case WaitReason::kVram: return "vram";
+    case WaitReason::kAffinity: return "affinity";
+    case WaitReason::kInLine: return "in_line";
   }
   return "unknown";
 }
 
-Scheduler::Scheduler(const config::Config& config) { UpdateConfig(config); }
+// ---------------------------------------------------------------------------------------------
+// Internal state. Pending jobs live in lanes: one lane per (group, fairness key), a group being
+// the pending jobs of one type with one label set. Everything a skip rule looks at except
+// conflicts (tier, type, model, labels) is the same for every job of a group, so Decide tests a
+// group once instead of each job, and a group's best job is the head of its best lane. Conflicts
+// differ per job: a lane of a conflict type keeps its jobs by (conflict key, arrival) and only the
+// head of each resource whose conflict key is free is "ready".
 
-void Scheduler::UpdateConfig(const config::Config& config) {
-  type_caps_.clear();
-  for (const config::JobTypeConfig& t : config.types) type_caps_[t.name] = t.max_concurrency;
+struct Scheduler::TierState {
+  std::string name;
+  int priority = 0;
+  int cap = config::kUnlimited;
+  int64_t queued = 0;
+  int64_t running = 0;
+  std::vector<TypeState*> types;
+};
+
+struct Scheduler::ModelState {
+  std::string name;
+  double vram = 0;
+  absl::Time last_served = absl::InfinitePast();
+  int64_t queued = 0;
+  int64_t running = 0;
+};
+
+struct Scheduler::TypeState {
+  std::string name;
+  size_t index = 0;
+  config::JobTypeConfig cfg;
+  bool configured = false;
+  TierState* tier = nullptr;
+  ModelState* model = nullptr;
+  TokenBucket* bucket = nullptr;
+  int running = 0;
+  int64_t queued = 0;
+  std::vector<std::unique_ptr<Group>> groups;
+};
+
+struct Scheduler::Group {
+  TypeState* type = nullptr;
+  std::vector<std::pair<std::string, std::string>> labels;  // sorted
+  std::string signature;
+  absl::flat_hash_map<KeyState*, std::unique_ptr<Lane>> lanes;
+  std::set<LaneKey> order;                        // lanes with a ready job, fairness order
+  absl::btree_set<std::pair<Ord, Lane*>> by_age;  // the same lanes by their head's arrival
+  int64_t ready = 0;                              // ready jobs in all lanes
+};
+
+struct Scheduler::Lane {
+  Group* group = nullptr;
+  KeyState* key = nullptr;
+  absl::btree_set<std::pair<Ord, Job*>> ready;
+  // Conflict types only: every pending job of the lane by (conflict key, arrival).
+  absl::btree_set<std::tuple<absl::string_view, Ord, Job*>> by_conflict;
+  int64_t pending = 0;
+  bool filed = false;
+  LaneKey filed_key{};
+  Ord aged_head{};
+};
+
+struct Scheduler::KeyState {
+  std::string name;
+  double cost = 0;
+  int64_t pending = 0;
+  int64_t placed = 0;
+  absl::Time idle_since = absl::InfinitePast();
+  std::vector<Lane*> lanes;
+};
+
+struct Scheduler::Job {
+  enum class Where { kDelayed, kLane, kPlaced };
+  std::string id;
+  int32_t attempt = 0;
+  TypeState* type = nullptr;
+  std::string resource;
+  std::string conflict;  // "group\x1fresource", or empty when it conflicts with nothing
+  KeyState* key = nullptr;
+  job::Labels labels;
+  Ord ord{};
+  absl::Time not_before = absl::InfinitePast();
+  Where where = Where::kDelayed;
+  Lane* lane = nullptr;
+  bool in_ready = false;
+  // Placed jobs.
+  WorkerState* worker = nullptr;  // null: adopted before its worker connected
+  std::string worker_id;
+  ModelState* model = nullptr;
+  double charged = 0;
+  double start_tag = 0;
+};
+
+struct Scheduler::WorkerState {
+  WorkerSpec spec;
+  int64_t rank = 0;
+  std::vector<bool> serves;  // by TypeState::index
+  int busy = 0;
+  int capacity = 0;
+  bool draining = false;
+  double vram_in_use = 0;
+  absl::flat_hash_map<ModelState*, int> in_use;
+  absl::flat_hash_set<ModelState*> resident;
+  ModelState* swap_to = nullptr;
+  int64_t loads = 0;
+  absl::flat_hash_set<Job*> jobs;
+};
+
+struct Scheduler::Choice {
+  Job* job = nullptr;
+  bool loads = false;
+};
+
+namespace {
+
+constexpr char kConflictSep = '\x1f';
+
+}  // namespace
+
+
+// ---------------------------------------------------------------------------------------------
+// Configuration.
+
+Scheduler::Scheduler(const config::Config& config, absl::Time now)
+    : last_now_(now), next_housekeeping_(now) {
+  ApplyConfig(config, now);
 }
 
-void Scheduler::Enqueue(PendingJob job) {
-  if (pending_index_.contains(job.id) || placed_.contains(job.id)) return;
-  PendingKey key{job.arrival, next_seq_++};
-  pending_index_.emplace(job.id, key);
-  pending_.emplace(key, std::move(job));
+Scheduler::~Scheduler() = default;
+
+void Scheduler::UpdateConfig(const config::Config& config, absl::Time now) {
+  // Conflict groups may have changed: file every queued job again under the new rules.
+  std::vector<Job*> queued;
+  for (auto& [id, job] : jobs_) {
+    if (job->where == Job::Where::kLane) queued.push_back(job.get());
+  }
+  for (Job* j : queued) RemoveFromLane(*j);
+  ApplyConfig(config, now);
+  for (Job* j : queued) {
+    const config::JobTypeConfig& cfg = j->type->cfg;
+    j->conflict = (cfg.conflict_group.empty() || j->resource.empty())
+                      ? std::string()
+                      : absl::StrCat(cfg.conflict_group, std::string(1, kConflictSep), j->resource);
+    AddToLane(*j);
+  }
+}
+
+void Scheduler::ApplyConfig(const config::Config& config, absl::Time now) {
+  policy_ = config.scheduler.policy;
+  alpha_ = config.scheduler.cost_alpha;
+  key_ttl_ = config.scheduler.key_ttl;
+  costs_.set_alpha(alpha_);
+  const bool fifo = policy_ == "fifo";
+
+  // Tiers are keyed by value: the value is the tier. The implicit tier (0) has no cap.
+  for (auto& [value, tier] : tiers_) tier->types.clear();
+  auto tier_for = [&](int value, absl::string_view name) -> TierState* {
+    std::unique_ptr<TierState>& t = tiers_[value];
+    if (t == nullptr) {
+      t = std::make_unique<TierState>();
+      t->priority = value;
+      t->cap = value == 0 ? config::kUnlimited : value;
+    }
+    if (t->name.empty()) {
+      t->name = std::string(name);
+    } else if (!absl::StrContains(t->name, name)) {
+      absl::StrAppend(&t->name, "+", name);
+    }
+    return t.get();
+  };
+  for (auto& [value, tier] : tiers_) tier->name.clear();
+  TierState* implicit = tier_for(0, "default");
+
+  absl::flat_hash_map<std::string, double> model_vram;
+  absl::flat_hash_map<std::string, config::RateLimit> rates;
+  for (const config::JobTypeConfig& t : config.types) {
+    if (!t.model.empty() && t.vram_gb >= 0) model_vram[t.model] = t.vram_gb;
+    if (t.rate.limited()) rates[t.rate_key()] = t.rate;
+  }
+  for (auto& [name, type] : types_) type->configured = false;
+  for (const config::JobTypeConfig& t : config.types) {
+    TypeState& type = TypeFor(t.name);
+    type.cfg = t;
+    type.configured = true;
+    const config::TierConfig* tier = config.FindTier(t.tier);
+    type.tier = (fifo || tier == nullptr) ? implicit : tier_for(tier->value, tier->name);
+    type.tier->types.push_back(&type);
+    type.model = nullptr;
+    if (!t.model.empty()) {
+      std::unique_ptr<ModelState>& m = models_[t.model];
+      if (m == nullptr) {
+        m = std::make_unique<ModelState>();
+        m->name = t.model;
+      }
+      auto vram = model_vram.find(t.model);
+      m->vram = vram == model_vram.end() ? 0 : vram->second;
+      type.model = m.get();
+    }
+  }
+  // Buckets: an operator's override wins until the next config.
+  absl::flat_hash_set<std::string> rate_keys;
+  for (const config::JobTypeConfig& t : config.types) rate_keys.insert(t.rate_key());
+  absl::erase_if(rate_overrides_, [&](const auto& kv) { return !rate_keys.contains(kv.first); });
+  for (const std::string& key : rate_keys) {
+    config::RateLimit limit;
+    if (auto it = rates.find(key); it != rates.end()) limit = it->second;
+    if (auto it = rate_overrides_.find(key); it != rate_overrides_.end()) limit = it->second;
+    if (!limit.limited()) {
+      buckets_.erase(key);
+    } else if (auto it = buckets_.find(key); it != buckets_.end()) {
+      if (!(it->second->limit() == limit)) it->second->Reconfigure(limit, now);
+    } else {
+      buckets_[key] = std::make_unique<TokenBucket>(limit, now);
+    }
+  }
+  absl::erase_if(buckets_, [&](const auto& kv) { return !rate_keys.contains(kv.first); });
+  for (auto& [name, type] : types_) {
+    auto it = type->configured ? buckets_.find(type->cfg.rate_key()) : buckets_.end();
+    type->bucket = it == buckets_.end() ? nullptr : it->second.get();
+  }
+
+  tiers_desc_.clear();
+  for (auto& [value, tier] : tiers_) {
+    tier->queued = tier->running = 0;
+    tiers_desc_.push_back(tier.get());
+  }
+  std::sort(tiers_desc_.begin(), tiers_desc_.end(),
+            [](const TierState* a, const TierState* b) { return a->priority > b->priority; });
+  for (auto& [name, type] : types_) {
+    if (type->tier == nullptr || !type->configured) type->tier = implicit;
+  }
+  // Recount tiers and models from the jobs: a type may have moved.
+  for (auto& [name, m] : models_) m->queued = m->running = 0;
+  for (auto& [id, job] : jobs_) {
+    TypeState& t = *job->type;
+    if (job->where == Job::Where::kPlaced) {
+      ++t.tier->running;
+      if (job->model != nullptr) ++job->model->running;
+    } else {
+      ++t.tier->queued;
+      if (t.model != nullptr) ++t.model->queued;
+    }
+  }
+}
+
+bool Scheduler::SetRateLimit(const std::string& rate_key, config::RateLimit limit,
+                             absl::Time now) {
+  bool known = false;
+  for (auto& [name, type] : types_) known |= type->configured && type->cfg.rate_key() == rate_key;
+  if (!known) return false;
+  rate_overrides_[rate_key] = limit;
+  TokenBucket* bucket = nullptr;
+  if (!limit.limited()) {
+    buckets_.erase(rate_key);
+  } else if (auto it = buckets_.find(rate_key); it != buckets_.end()) {
+    it->second->Reconfigure(limit, now);
+    bucket = it->second.get();
+  } else {
+    bucket = (buckets_[rate_key] = std::make_unique<TokenBucket>(limit, now)).get();
+  }
+  for (auto& [name, type] : types_) {
+    if (type->configured && type->cfg.rate_key() == rate_key) type->bucket = bucket;
+  }
+  return true;
+}
+
+void Scheduler::SetCostEstimate(const std::string& type, const std::string& resource_id,
+                                double cost, absl::Time now) {
+  costs_.Set(type, resource_id, cost, now);
+}
+
+Scheduler::TypeState& Scheduler::TypeFor(const std::string& name) {
+  std::unique_ptr<TypeState>& t = types_[name];
+  if (t == nullptr) {
+    t = std::make_unique<TypeState>();
+    t->name = name;
+    t->index = types_.size() - 1;
+    t->cfg.name = name;
+    for (auto& [id, w] : workers_) {
+      w->serves.resize(types_.size(), false);
+      w->serves[t->index] =
+          std::find(w->spec.types.begin(), w->spec.types.end(), name) != w->spec.types.end();
+    }
+    if (auto implicit = tiers_.find(0); implicit != tiers_.end()) t->tier = implicit->second.get();
+  }
+  return *t;
+}
+
+Scheduler::KeyState& Scheduler::KeyFor(const std::string& name) {
+  std::unique_ptr<KeyState>& k = keys_[name];
+  if (k == nullptr) {
+    k = std::make_unique<KeyState>();
+    k->name = name;
+  }
+  return *k;
+}
+
+Scheduler::Group& Scheduler::GroupFor(TypeState& type, const job::Labels& labels) {
+  std::vector<std::pair<std::string, std::string>> sorted(labels.begin(), labels.end());
+  std::sort(sorted.begin(), sorted.end());
+  std::string sig = absl::StrJoin(sorted, "\x1f", absl::PairFormatter("="));
+  for (auto& g : type.groups) {
+    if (g->signature == sig) return *g;
+  }
+  auto g = std::make_unique<Group>();
+  g->type = &type;
+  g->labels = std::move(sorted);
+  g->signature = std::move(sig);
+  type.groups.push_back(std::move(g));
+  return *type.groups.back();
+}
+
+Scheduler::Lane& Scheduler::LaneFor(Group& group, KeyState& key) {
+  std::unique_ptr<Lane>& lane = group.lanes[&key];
+  if (lane == nullptr) {
+    lane = std::make_unique<Lane>();
+    lane->group = &group;
+    lane->key = &key;
+    key.lanes.push_back(lane.get());
+  }
+  return *lane;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pending jobs.
+
+void Scheduler::Enqueue(PendingJob p) {
+  if (jobs_.contains(p.id)) return;
+  auto owned = std::make_unique<Job>();
+  Job& j = *owned;
+  j.id = p.id;
+  j.attempt = p.attempt;
+  j.type = &TypeFor(p.type);
+  j.resource = std::move(p.resource_id);
+  const std::string& group = j.type->cfg.conflict_group;
+  if (!group.empty() && !j.resource.empty()) {
+    j.conflict = absl::StrCat(group, std::string(1, kConflictSep), j.resource);
+  }
+  j.key = &KeyFor(p.fairness_key);
+  j.labels = std::move(p.labels);
+  j.ord = Ord{p.arrival, next_seq_++};
+  j.not_before = p.not_before;
+  jobs_.emplace(j.id, std::move(owned));
+
+  ++pending_count_;
+  ++j.type->queued;
+  ++j.type->tier->queued;
+  if (j.type->model != nullptr) ++j.type->model->queued;
+  if (j.key->pending++ == 0 && j.key->placed == 0) ActivateKey(*j.key);
+  if (j.not_before > last_now_) {
+    j.where = Job::Where::kDelayed;
+    delayed_.insert({j.not_before, &j});
+  } else {
+    AddToLane(j);
+  }
 }
 
 bool Scheduler::RemovePending(const std::string& job_id) {
-  auto it = pending_index_.find(job_id);
-  if (it == pending_index_.end()) return false;
-  pending_.erase(it->second);
-  pending_index_.erase(it);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end() || it->second->where == Job::Where::kPlaced) return false;
+  Job& j = *it->second;
+  if (j.where == Job::Where::kDelayed) {
+    delayed_.erase({j.not_before, &j});
+  } else {
+    RemoveFromLane(j);
+  }
+  --pending_count_;
+  --j.type->queued;
+  --j.type->tier->queued;
+  if (j.type->model != nullptr) --j.type->model->queued;
+  KeyState& key = *j.key;
+  jobs_.erase(it);
+  if (--key.pending == 0 && key.placed == 0) DeactivateKey(key);
   return true;
 }
+
+void Scheduler::ActivateKey(KeyState& key) {
+  // A key back from idle starts at the virtual time: no credit banked while away.
+  key.cost = std::max(key.cost, VirtualTime());
+}
+
+void Scheduler::DeactivateKey(KeyState& key) { key.idle_since = last_now_; }
+
+double Scheduler::VirtualTime() const {
+  return start_tags_.empty() ? last_virtual_time_ : *start_tags_.begin();
+}
+
+void Scheduler::PromoteDue(absl::Time now) {
+  while (!delayed_.empty() && delayed_.begin()->first <= now) {
+    Job* j = delayed_.begin()->second;
+    delayed_.erase(delayed_.begin());
+    AddToLane(*j);
+  }
+}
+
+void Scheduler::AddToLane(Job& j) {
+  Group& group = GroupFor(*j.type, j.labels);
+  Lane& lane = LaneFor(group, *j.key);
+  j.where = Job::Where::kLane;
+  j.lane = &lane;
+  ++lane.pending;
+  if (j.conflict.empty()) {
+    ReadyInsert(lane, j);
+  } else {
+    lane.by_conflict.insert({j.conflict, j.ord, &j});
+    ++conflicts_pending_[j.conflict][&lane];
+    if (!conflicts_running_.contains(j.conflict)) {
+      // Only the head of each resource is ready: j replaces the old head if it arrived earlier.
+      auto head = lane.by_conflict.lower_bound({j.conflict, Ord::Min(), nullptr});
+      if (std::get<2>(*head) == &j) {
+        auto next = std::next(head);
+        if (next != lane.by_conflict.end() && std::get<0>(*next) == j.conflict &&
+            std::get<2>(*next)->in_ready) {
+          ReadyErase(lane, *std::get<2>(*next));
+        }
+        ReadyInsert(lane, j);
+      }
+    }
+  }
+  RefileLane(lane);
+}
+
+void Scheduler::RemoveFromLane(Job& j) {
+  Lane& lane = *j.lane;
+  if (j.conflict.empty()) {
+    ReadyErase(lane, j);
+  } else {
+    bool was_ready = j.in_ready;
+    if (was_ready) ReadyErase(lane, j);
+    lane.by_conflict.erase({j.conflict, j.ord, &j});
+    auto pending = conflicts_pending_.find(j.conflict);
+    if (--pending->second[&lane] == 0) pending->second.erase(&lane);
+    if (pending->second.empty()) conflicts_pending_.erase(pending);
+    if (was_ready) {
+      auto head = lane.by_conflict.lower_bound({j.conflict, Ord::Min(), nullptr});
+      if (head != lane.by_conflict.end() && std::get<0>(*head) == j.conflict) {
+        ReadyInsert(lane, *std::get<2>(*head));
+      }
+    }
+  }
+  --lane.pending;
+  j.lane = nullptr;
+  RefileLane(lane);
+}
+
+void Scheduler::ReadyInsert(Lane& lane, Job& j) {
+  lane.ready.insert({j.ord, &j});
+  j.in_ready = true;
+  ++lane.group->ready;
+}
+
+void Scheduler::ReadyErase(Lane& lane, Job& j) {
+  lane.ready.erase({j.ord, &j});
+  j.in_ready = false;
+  --lane.group->ready;
+}
+
+void Scheduler::RefileLane(Lane& lane) {
+  Group& g = *lane.group;
+  if (lane.ready.empty()) {
+    if (lane.filed) {
+      g.order.erase(lane.filed_key);
+      g.by_age.erase({lane.aged_head, &lane});
+      lane.filed = false;
+    }
+    return;
+  }
+  const Ord head = lane.ready.begin()->first;
+  LaneKey want{policy_ == "fifo" ? 0.0 : lane.key->cost, head, &lane};
+  if (lane.filed) {
+    if (lane.filed_key.cost == want.cost && !(lane.filed_key.head < head) &&
+        !(head < lane.filed_key.head)) {
+      return;
+    }
+    g.order.erase(lane.filed_key);
+    g.by_age.erase({lane.aged_head, &lane});
+  }
+  g.order.insert(want);
+  g.by_age.insert({head, &lane});
+  lane.filed = true;
+  lane.filed_key = want;
+  lane.aged_head = head;
+}
+
+Scheduler::Lane* Scheduler::BestLane(Group& g) {
+  // Costs only grow between refiles (refunds refile eagerly), so a stale entry sorts too early,
+  // never too late: refiling the front until it is fresh yields the true minimum.
+  while (!g.order.empty()) {
+    const LaneKey& front = *g.order.begin();
+    double cost = policy_ == "fifo" ? 0.0 : front.lane->key->cost;
+    if (front.cost == cost) return front.lane;
+    RefileLane(*front.lane);
+  }
+  return nullptr;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Workers.
 
 void Scheduler::AddWorker(const WorkerSpec& spec) {
   int64_t rank;
@@ -48,176 +533,710 @@ void Scheduler::AddWorker(const WorkerSpec& spec) {
     rank = next_rank_++;
     known_ranks_.emplace(spec.id, rank);
   }
-  Worker& w = workers_[spec.id];
+  std::unique_ptr<WorkerState>& slot = workers_[spec.id];
+  bool fresh = slot == nullptr;
+  if (fresh) slot = std::make_unique<WorkerState>();
+  WorkerState& w = *slot;
   w.spec = spec;
-  w.types = absl::flat_hash_set<std::string>(spec.types.begin(), spec.types.end());
   w.rank = rank;
   w.capacity = std::max(spec.slots, 0);
   w.draining = false;
-  workers_by_rank_[rank] = spec.id;
+  w.swap_to = nullptr;
+  w.serves.assign(types_.size(), false);
+  for (const std::string& t : spec.types) {
+    if (auto it = types_.find(t); it != types_.end()) w.serves[it->second->index] = true;
+  }
+  by_rank_.insert({rank, &w});
+  SetResidentModels(spec.id, spec.models_resident);
+  if (fresh) {
+    // Jobs adopted before this worker connected (a daemon restart) now count on it.
+    for (auto& [id, job] : jobs_) {
+      if (job->where != Job::Where::kPlaced || job->worker != nullptr || job->worker_id != spec.id) {
+        continue;
+      }
+      job->worker = &w;
+      w.jobs.insert(job.get());
+      ++w.busy;
+      if (job->model != nullptr && w.in_use[job->model]++ == 0) {
+        w.vram_in_use += job->model->vram;
+        w.resident.insert(job->model);
+      }
+    }
+  }
+  UpdateAvailable(w);
 }
 
 std::vector<std::string> Scheduler::RemoveWorker(const std::string& worker_id) {
   std::vector<std::string> orphans;
   auto it = workers_.find(worker_id);
   if (it == workers_.end()) return orphans;
-  for (const auto& [job_id, placement] : placed_) {
-    if (placement.worker_id == worker_id) orphans.push_back(job_id);
-  }
+  WorkerState& w = *it->second;
+  for (Job* j : w.jobs) orphans.push_back(j->id);
   std::sort(orphans.begin(), orphans.end());
-  for (const std::string& id : orphans) Unplace(id);
-  workers_by_rank_.erase(it->second.rank);
+  for (const std::string& id : orphans) {
+    auto job = jobs_.find(id);
+    Unplace(*job->second);
+    jobs_.erase(job);
+  }
+  available_.erase({w.rank, &w});
+  by_rank_.erase({w.rank, &w});
   workers_.erase(it);
   return orphans;
 }
 
 void Scheduler::SetDraining(const std::string& worker_id, bool draining) {
-  if (auto it = workers_.find(worker_id); it != workers_.end()) it->second.draining = draining;
-}
-
-void Scheduler::Adopt(const std::string& job_id, const std::string& type,
-                      const std::string& worker_id) {
-  RemovePending(job_id);
-  if (placed_.contains(job_id)) Unplace(job_id);
-  Place(job_id, type, worker_id);
-}
-
-void Scheduler::Refused(const std::string& job_id) {
-  auto it = placed_.find(job_id);
-  if (it == placed_.end()) return;
-  std::string worker_id = it->second.worker_id;
-  Unplace(job_id);
-  if (auto w = workers_.find(worker_id); w != workers_.end()) {
-    // The worker is the authority on its capacity: believe it holds all it can take.
-    w->second.capacity = std::min(w->second.capacity, w->second.busy);
+  if (auto it = workers_.find(worker_id); it != workers_.end()) {
+    it->second->draining = draining;
+    UpdateAvailable(*it->second);
   }
 }
 
-void Scheduler::Finished(const std::string& job_id) { Unplace(job_id); }
+void Scheduler::SetResidentModels(const std::string& worker_id,
+                                  const std::vector<std::string>& models) {
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end()) return;
+  WorkerState& w = *it->second;
+  w.resident.clear();
+  for (const std::string& name : models) {
+    std::unique_ptr<ModelState>& m = models_[name];
+    if (m == nullptr) {
+      m = std::make_unique<ModelState>();
+      m->name = name;
+    }
+    w.resident.insert(m.get());
+  }
+  // A model in use is loaded whatever the report says (the report may predate the load).
+  for (const auto& [model, n] : w.in_use) w.resident.insert(model);
+}
 
 void Scheduler::Heartbeat(const std::string& worker_id) {
   if (auto it = workers_.find(worker_id); it != workers_.end()) {
-    it->second.capacity = std::max(it->second.spec.slots, 0);
+    it->second->capacity = std::max(it->second->spec.slots, 0);
+    UpdateAvailable(*it->second);
   }
 }
 
-bool Scheduler::TypeAtCap(const std::string& type) const {
-  auto cap = type_caps_.find(type);
-  if (cap == type_caps_.end()) return true;  // unconfigured type: hold until configured
-  return running_of_type(type) >= cap->second;
+void Scheduler::UpdateAvailable(WorkerState& w) {
+  if (!w.draining && w.busy < w.capacity) {
+    available_.insert({w.rank, &w});
+  } else {
+    available_.erase({w.rank, &w});
+  }
 }
 
-int Scheduler::running_of_type(const std::string& type) const {
-  auto it = running_by_type_.find(type);
-  return it == running_by_type_.end() ? 0 : it->second;
-}
-
-bool Scheduler::ServesAndMatches(const Worker& w, const PendingJob& job) const {
-  if (!w.types.contains(job.type)) return false;
-  for (const auto& [key, value] : job.labels) {
+bool Scheduler::ServesAndMatches(const WorkerState& w, const Group& g) const {
+  const TypeState& t = *g.type;
+  if (t.index >= w.serves.size() || !w.serves[t.index]) return false;
+  for (const auto& [key, value] : g.labels) {
     auto it = w.spec.labels.find(key);
     if (it == w.spec.labels.end() || it->second != value) return false;
   }
-  return true;
+  // A model bigger than the worker's whole VRAM never fits there.
+  return t.model == nullptr || w.spec.vram_gb < 0 || t.model->vram <= w.spec.vram_gb;
 }
 
-Scheduler::Worker* Scheduler::PickWorker(const PendingJob& job) {
-  for (const auto& [rank, id] : workers_by_rank_) {
-    Worker& w = workers_.at(id);
-    if (!w.draining && w.busy < w.capacity && ServesAndMatches(w, job)) return &w;
-  }
-  return nullptr;
+bool Scheduler::Resident(const WorkerState& w, const ModelState* model) const {
+  return model == nullptr || w.resident.contains(const_cast<ModelState*>(model));
 }
 
-WaitReason Scheduler::WorkerAvailability(const PendingJob& job) const {
-  bool any = false;
-  for (const auto& [rank, id] : workers_by_rank_) {
-    const Worker& w = workers_.at(id);
-    if (!ServesAndMatches(w, job)) continue;
-    any = true;
-    if (!w.draining && w.busy < w.capacity) return WaitReason::kNone;
-  }
-  return any ? WaitReason::kWorkersBusy : WaitReason::kNoWorker;
+bool Scheduler::Fits(const WorkerState& w, const ModelState* model) const {
+  if (model == nullptr || w.spec.vram_gb < 0) return true;
+  if (w.resident.contains(const_cast<ModelState*>(model))) return true;
+  return w.vram_in_use + model->vram <= w.spec.vram_gb + 1e-9;
 }
+
+bool Scheduler::Starved(const Group& g, absl::Time now) const {
+  const ModelState* m = g.type->model;
+  if (m == nullptr || g.by_age.empty()) return false;
+  return now - g.by_age.begin()->first.arrival > g.type->cfg.max_affinity_wait;
+}
+
+bool Scheduler::GroupOpen(const Group& g, absl::Time now) const {
+  const TypeState& t = *g.type;
+  return g.ready > 0 && t.configured && t.running < t.cfg.max_concurrency &&
+         t.tier->running < t.tier->cap && (t.bucket == nullptr || t.bucket->Ready(now));
+}
+
+void Scheduler::LoadModel(WorkerState& w, ModelState* model) {
+  ++w.loads;
+  if (w.spec.vram_gb >= 0) {
+    // Evict idle models, by name for determinism, until the new one fits beside the rest.
+    double resident_vram = 0;
+    for (ModelState* m : w.resident) resident_vram += m->vram;
+    std::vector<ModelState*> idle;
+    for (ModelState* m : w.resident) {
+      if (!w.in_use.contains(m)) idle.push_back(m);
+    }
+    std::sort(idle.begin(), idle.end(),
+              [](const ModelState* a, const ModelState* b) { return a->name < b->name; });
+    for (ModelState* m : idle) {
+      if (resident_vram + model->vram <= w.spec.vram_gb + 1e-9) break;
+      resident_vram -= m->vram;
+      w.resident.erase(m);
+    }
+  }
+  w.resident.insert(model);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Decisions.
 
 std::vector<Dispatch> Scheduler::Decide(absl::Time now, size_t limit) {
+  last_now_ = now;
+  if (now >= next_housekeeping_) Housekeep(now);
+  PromoteDue(now);
   std::vector<Dispatch> out;
-  // Free slots across the fleet bound the work: stop scanning once none is left.
-  int free_slots = 0;
-  for (const auto& [id, w] : workers_) {
-    if (!w.draining) free_slots += std::max(0, w.capacity - w.busy);
-  }
-  for (auto it = pending_.begin(); it != pending_.end() && free_slots > 0 && out.size() < limit;) {
-    const PendingJob& job = it->second;
-    if (job.not_before > now || TypeAtCap(job.type)) {
-      ++it;
+  // A worker that found nothing keeps finding nothing within one call: placements only take
+  // capacity, tokens and resources away.
+  absl::flat_hash_set<WorkerState*> done;
+  while (out.size() < limit && pending_count_ > 0) {
+    WorkerState* w = nullptr;
+    for (const auto& [rank, candidate] : available_) {
+      if (!done.contains(candidate)) {
+        w = candidate;
+        break;
+      }
+    }
+    if (w == nullptr) break;
+    Choice c = policy_ == "fifo" ? ChooseFifo(*w, now) : ChooseFor(*w, now);
+    if (c.job == nullptr) {
+      done.insert(w);
       continue;
     }
-    Worker* w = PickWorker(job);
-    if (w == nullptr) {
-      ++it;
-      continue;
+    if (c.loads) {
+      // A free worker that has the model loaded beats rank: no load needed there.
+      for (const auto& [rank, other] : available_) {
+        if (other != w && Resident(*other, c.job->type->model) &&
+            ServesAndMatches(*other, *c.job->lane->group)) {
+          w = other;
+          c.loads = false;
+          break;
+        }
+      }
     }
-    out.push_back(Dispatch{job.id, job.attempt, w->spec.id});
-    Place(job.id, job.type, w->spec.id);
-    --free_slots;
-    pending_index_.erase(job.id);
-    it = pending_.erase(it);
+    out.push_back(Dispatch{.job_id = c.job->id,
+                           .attempt = c.job->attempt,
+                           .worker_id = w->spec.id,
+                           .model = c.job->type->model ? c.job->type->model->name : "",
+                           .loads_model = c.loads});
+    Place(*c.job, w, now, c.loads);
+    out.back().cost = c.job->charged;
+    out.back().key_cost = c.job->key->cost;
   }
   return out;
 }
 
-WaitReason Scheduler::WhyWaiting(const std::string& job_id, absl::Time now) const {
-  auto idx = pending_index_.find(job_id);
-  if (idx == pending_index_.end()) return WaitReason::kNone;
-  const PendingJob& job = pending_.at(idx->second);
-  if (job.not_before > now) return WaitReason::kNotBefore;
-  if (TypeAtCap(job.type)) return WaitReason::kTypeCap;
-  return WorkerAvailability(job);
+Scheduler::Choice Scheduler::ChooseFor(WorkerState& w, absl::Time now) {
+  if (w.swap_to != nullptr) {
+    // Reserved for a starved model: take it once the models in use drain enough to fit.
+    ModelState* target = w.swap_to;
+    Group* oldest = nullptr;
+    for (TierState* tier : tiers_desc_) {
+      for (TypeState* t : tier->types) {
+        if (t->model != target) continue;
+        for (auto& g : t->groups) {
+          if (!GroupOpen(*g, now) || !ServesAndMatches(w, *g) || !Starved(*g, now)) continue;
+          if (oldest == nullptr || g->by_age.begin()->first < oldest->by_age.begin()->first) {
+            oldest = g.get();
+          }
+        }
+      }
+    }
+    if (oldest == nullptr) {
+      w.swap_to = nullptr;  // served elsewhere meanwhile, or nothing left
+    } else if (!Fits(w, target)) {
+      return {};
+    } else {
+      Lane* lane = oldest->by_age.begin()->second;
+      return {lane->ready.begin()->second, !Resident(w, target)};
+    }
+  }
+
+  struct LoadCandidate {
+    ModelState* model;
+    int64_t depth;
+    Group* best;
+    LaneKey best_key;
+  };
+  std::vector<LoadCandidate> loads;
+  for (TierState* tier : tiers_desc_) {
+    if (tier->running >= tier->cap || tier->queued == 0) continue;
+    Group* resident = nullptr;
+    LaneKey resident_key{};
+    Group* starved = nullptr;
+    LaneKey starved_key{};
+    loads.clear();
+    for (TypeState* t : tier->types) {
+      if (t->queued == 0 || !t->configured || t->running >= t->cfg.max_concurrency) continue;
+      if (t->index >= w.serves.size() || !w.serves[t->index]) continue;
+      if (t->bucket != nullptr && !t->bucket->Ready(now)) continue;
+      for (auto& owned : t->groups) {
+        Group* g = owned.get();
+        if (g->ready == 0 || !ServesAndMatches(w, *g)) continue;
+        if (Resident(w, t->model)) {
+          Lane* lane = BestLane(*g);
+          if (resident == nullptr || lane->filed_key < resident_key) {
+            resident = g;
+            resident_key = lane->filed_key;
+          }
+          continue;
+        }
+        Lane* lane = BestLane(*g);
+        if (Starved(*g, now) && (starved == nullptr || lane->filed_key < starved_key)) {
+          starved = g;
+          starved_key = lane->filed_key;
+        }
+        if (!Fits(w, t->model)) continue;
+        auto it = std::find_if(loads.begin(), loads.end(),
+                               [&](const LoadCandidate& c) { return c.model == t->model; });
+        if (it == loads.end()) {
+          loads.push_back({t->model, g->ready, g, lane->filed_key});
+        } else {
+          it->depth += g->ready;
+          if (lane->filed_key < it->best_key) {
+            it->best = g;
+            it->best_key = lane->filed_key;
+          }
+        }
+      }
+    }
+    // An overdue job of another model takes the worker only if its key is owed service more
+    // than the key the worker would serve instead: one client's backlog of many models never
+    // makes the worker thrash, but a lighter client never waits much past max_affinity_wait.
+    if (starved != nullptr && (resident == nullptr || starved_key.cost < resident_key.cost)) {
+      ModelState* m = starved->type->model;
+      if (!Fits(w, m)) {
+        w.swap_to = m;  // stop feeding the models in use so that they drain
+        return {};
+      }
+      Lane* lane = starved->by_age.begin()->second;
+      return {lane->ready.begin()->second, true};
+    }
+    if (resident != nullptr) return {resident_key.lane->ready.begin()->second, false};
+    if (!loads.empty()) {
+      // Load the model with the deepest queue this worker can serve; ties go by order.
+      const LoadCandidate* pick = &loads.front();
+      for (const LoadCandidate& c : loads) {
+        if (c.depth > pick->depth || (c.depth == pick->depth && c.best_key < pick->best_key)) {
+          pick = &c;
+        }
+      }
+      Lane* lane = BestLane(*pick->best);
+      return {lane->ready.begin()->second, true};
+    }
+  }
+  return {};
+}
+
+Scheduler::Choice Scheduler::ChooseFifo(WorkerState& w, absl::Time now) {
+  Group* oldest = nullptr;
+  for (TierState* tier : tiers_desc_) {
+    if (tier->running >= tier->cap || tier->queued == 0) continue;
+    for (TypeState* t : tier->types) {
+      if (t->index >= w.serves.size() || !w.serves[t->index]) continue;
+      for (auto& g : t->groups) {
+        if (!GroupOpen(*g, now) || !ServesAndMatches(w, *g) || !Fits(w, t->model)) continue;
+        if (oldest == nullptr || g->by_age.begin()->first < oldest->by_age.begin()->first) {
+          oldest = g.get();
+        }
+      }
+    }
+  }
+  if (oldest == nullptr) return {};
+  Lane* lane = oldest->by_age.begin()->second;
+  return {lane->ready.begin()->second, !Resident(w, oldest->type->model)};
+}
+
+void Scheduler::Place(Job& j, WorkerState* w, absl::Time now, bool loads_model) {
+  TypeState& t = *j.type;
+  // Charge the key before refiling, so that the lane files at its new cost.
+  j.charged = costs_.Estimate(t.name, j.resource, t.cfg.default_cost, now);
+  j.start_tag = j.key->cost;
+  j.key->cost += j.charged;
+  start_tags_.insert(j.start_tag);
+  last_virtual_time_ = *start_tags_.begin();
+
+  RemoveFromLane(j);
+  --pending_count_;
+  ++placed_count_;
+  --t.queued;
+  --t.tier->queued;
+  --j.key->pending;
+  ++j.key->placed;
+  j.where = Job::Where::kPlaced;
+  j.worker = w;
+  j.worker_id = w->spec.id;
+  j.model = t.model;
+  ++t.running;
+  ++t.tier->running;
+  if (!j.conflict.empty() && conflicts_running_[j.conflict]++ == 0) {
+    SetConflictBusy(j.conflict, true);
+  }
+  if (t.bucket != nullptr) {
+    bool took = t.bucket->TryTake(now);
+    DISPATCHD_CHECK(took, "placed a job whose bucket was empty");
+  }
+  if (t.model != nullptr) {
+    --t.model->queued;
+    ++t.model->running;
+    t.model->last_served = now;
+    if (loads_model) LoadModel(*w, t.model);
+    if (w->in_use[t.model]++ == 0) w->vram_in_use += t.model->vram;
+    w->resident.insert(t.model);
+    if (w->swap_to == t.model) w->swap_to = nullptr;
+  }
+  w->jobs.insert(&j);
+  ++w->busy;
+  UpdateAvailable(*w);
+}
+
+void Scheduler::Unplace(Job& j) {
+  TypeState& t = *j.type;
+  --placed_count_;
+  --t.running;
+  --t.tier->running;
+  DISPATCHD_CHECK(t.running >= 0 && t.tier->running >= 0, "running count below zero");
+  if (j.model != nullptr) --j.model->running;
+  if (!j.conflict.empty()) {
+    auto it = conflicts_running_.find(j.conflict);
+    if (--it->second == 0) {
+      conflicts_running_.erase(it);
+      SetConflictBusy(j.conflict, false);
+    }
+  }
+  if (auto tag = start_tags_.find(j.start_tag); tag != start_tags_.end()) start_tags_.erase(tag);
+  if (WorkerState* w = j.worker; w != nullptr) {
+    w->jobs.erase(&j);
+    --w->busy;
+    DISPATCHD_CHECK(w->busy >= 0, "worker busy count below zero");
+    if (j.model != nullptr) {
+      auto it = w->in_use.find(j.model);
+      if (--it->second == 0) {
+        w->in_use.erase(it);
+        w->vram_in_use -= j.model->vram;
+      }
+    }
+    UpdateAvailable(*w);
+  }
+  KeyState& key = *j.key;
+  if (--key.placed == 0 && key.pending == 0) DeactivateKey(key);
+}
+
+void Scheduler::SetConflictBusy(const std::string& conflict, bool busy) {
+  auto it = conflicts_pending_.find(conflict);
+  if (it == conflicts_pending_.end()) return;
+  for (const auto& [lane, n] : it->second) {
+    auto head = lane->by_conflict.lower_bound({conflict, Ord::Min(), nullptr});
+    Job& j = *std::get<2>(*head);
+    if (busy && j.in_ready) ReadyErase(*lane, j);
+    if (!busy && !j.in_ready) ReadyInsert(*lane, j);
+    RefileLane(*lane);
+  }
+}
+
+void Scheduler::Adopt(const PlacedJob& p) {
+  if (auto it = jobs_.find(p.id); it != jobs_.end()) {
+    if (it->second->where == Job::Where::kPlaced) {
+      Unplace(*it->second);
+      jobs_.erase(it);
+    } else {
+      RemovePending(p.id);
+    }
+  }
+  auto owned = std::make_unique<Job>();
+  Job& j = *owned;
+  j.id = p.id;
+  j.type = &TypeFor(p.type);
+  j.resource = p.resource_id;
+  const std::string& group = j.type->cfg.conflict_group;
+  if (!group.empty() && !j.resource.empty()) {
+    j.conflict = absl::StrCat(group, std::string(1, kConflictSep), j.resource);
+  }
+  j.key = &KeyFor(p.fairness_key);
+  j.ord = Ord{last_now_, next_seq_++};
+  jobs_.emplace(j.id, std::move(owned));
+  TypeState& t = *j.type;
+  if (j.key->placed == 0 && j.key->pending == 0) ActivateKey(*j.key);
+  j.charged = costs_.Estimate(t.name, j.resource, t.cfg.default_cost, last_now_);
+  j.start_tag = j.key->cost;
+  j.key->cost += j.charged;
+  start_tags_.insert(j.start_tag);
+  ++placed_count_;
+  ++j.key->placed;
+  j.where = Job::Where::kPlaced;
+  j.worker_id = p.worker_id;
+  j.model = t.model;
+  ++t.running;
+  ++t.tier->running;
+  if (t.model != nullptr) ++t.model->running;
+  if (!j.conflict.empty() && conflicts_running_[j.conflict]++ == 0) {
+    SetConflictBusy(j.conflict, true);
+  }
+  if (auto w = workers_.find(p.worker_id); w != workers_.end()) {
+    WorkerState& ws = *w->second;
+    j.worker = &ws;
+    ws.jobs.insert(&j);
+    ++ws.busy;
+    if (t.model != nullptr) {
+      if (ws.in_use[t.model]++ == 0) ws.vram_in_use += t.model->vram;
+      ws.resident.insert(t.model);
+    }
+    UpdateAvailable(ws);
+  }
+}
+
+void Scheduler::Retract(const std::string& job_id) {
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end() || it->second->where != Job::Where::kPlaced) return;
+  Job& j = *it->second;
+  KeyState& key = *j.key;
+  double refund = j.charged;
+  Unplace(j);
+  jobs_.erase(it);
+  // The job did not run: give its cost back, and refile the key's lanes (a decrease is never
+  // repaired lazily by BestLane).
+  key.cost -= refund;
+  for (Lane* lane : key.lanes) RefileLane(*lane);
+}
+
+void Scheduler::Refused(const std::string& job_id) {
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end() || it->second->where != Job::Where::kPlaced) return;
+  WorkerState* w = it->second->worker;
+  Retract(job_id);
+  if (w != nullptr) {
+    // The worker is the authority on its capacity: believe it holds all it can take.
+    w->capacity = std::min(w->capacity, w->busy);
+    UpdateAvailable(*w);
+  }
+}
+
+void Scheduler::Finished(const std::string& job_id, absl::Time now,
+                         std::optional<absl::Duration> ran) {
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end() || it->second->where != Job::Where::kPlaced) return;
+  Job& j = *it->second;
+  if (ran.has_value()) {
+    costs_.Observe(j.type->name, j.resource, *ran, j.type->cfg.default_cost, now);
+  }
+  Unplace(j);
+  jobs_.erase(it);
+}
+
+void Scheduler::Housekeep(absl::Time now) {
+  next_housekeeping_ = now + std::min(key_ttl_ / 4, absl::Minutes(1));
+  costs_.Expire(now, key_ttl_);
+  std::vector<std::string> idle;
+  for (const auto& [name, key] : keys_) {
+    if (key->pending == 0 && key->placed == 0 && key->idle_since + key_ttl_ < now) {
+      idle.push_back(name);
+    }
+  }
+  for (const std::string& name : idle) {
+    KeyState* key = keys_.at(name).get();
+    for (Lane* lane : key->lanes) lane->group->lanes.erase(key);
+    keys_.erase(name);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Introspection.
+
+WaitReason Scheduler::WhyGroupWaits(const Group& g, absl::Time now) const {
+  const TypeState& t = *g.type;
+  if (!t.configured) return WaitReason::kNoWorker;
+  if (t.tier->running >= t.tier->cap) return WaitReason::kTierCap;
+  if (t.running >= t.cfg.max_concurrency) return WaitReason::kTypeCap;
+  if (t.bucket != nullptr && !t.bucket->Ready(now)) return WaitReason::kRateLimit;
+  bool any = false, free = false, fits = false;
+  for (const auto& [rank, w] : by_rank_) {
+    if (!ServesAndMatches(*w, g)) continue;
+    any = true;
+    if (w->draining || w->busy >= w->capacity) continue;
+    free = true;
+    if (!Fits(*w, t.model)) continue;
+    fits = true;
+    if (Resident(*w, t.model) && w->swap_to == nullptr) return WaitReason::kInLine;
+  }
+  if (!any) return WaitReason::kNoWorker;
+  if (!free) return WaitReason::kWorkersBusy;
+  if (!fits) return WaitReason::kVram;
+  return WaitReason::kAffinity;
+}
+
+WaitInfo Scheduler::WhyWaiting(const std::string& job_id, absl::Time now) const {
+  WaitInfo info;
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end() || it->second->where == Job::Where::kPlaced) return info;
+  const Job& j = *it->second;
+  if (j.where == Job::Where::kDelayed) {
+    info.reason = j.not_before > now ? WaitReason::kNotBefore : WaitReason::kInLine;
+    return info;
+  }
+  const Lane& lane = *j.lane;
+  info.position = 1;
+  if (j.conflict.empty()) {
+    for (const auto& [ord, other] : lane.ready) {
+      if (!(ord < j.ord)) break;
+      ++info.position;
+    }
+  } else {
+    for (const auto& [conflict, ord, other] : lane.by_conflict) info.position += ord < j.ord;
+  }
+  if (lane.filed) {
+    for (const LaneKey& k : lane.group->order) {
+      if (k.lane == &lane) break;
+      ++info.keys_ahead;
+    }
+  }
+  if (!j.conflict.empty() && !j.in_ready) {
+    info.reason = conflicts_running_.contains(j.conflict) ? WaitReason::kConflict
+                                                          : WaitReason::kInLine;
+    return info;
+  }
+  info.reason = WhyGroupWaits(*lane.group, now);
+  return info;
 }
 
 absl::Time Scheduler::NextWakeup(absl::Time now) const {
-  absl::Time next = absl::InfiniteFuture();
-  for (const auto& [key, job] : pending_) {
-    if (job.not_before > now) next = std::min(next, job.not_before);
+  absl::Time next = next_housekeeping_;
+  if (!delayed_.empty()) next = std::min(next, delayed_.begin()->first);
+  for (const auto& [name, t] : types_) {
+    if (t->bucket == nullptr || t->queued == 0 || t->bucket->Ready(now)) continue;
+    next = std::min(next, t->bucket->NextTokenAt());
   }
-  return next;
+  return std::max(next, now);
+}
+
+SchedulerStats Scheduler::Stats(absl::Time now) const {
+  SchedulerStats s;
+  s.virtual_time = VirtualTime();
+  // The best-ordered ready group of a type, or null.
+  auto head_of = [&](const TypeState& t) -> WaitReason {
+    const Group* best = nullptr;
+    for (const auto& g : t.groups) {
+      if (g->order.empty()) continue;
+      if (best == nullptr || *g->order.begin() < *best->order.begin()) best = g.get();
+    }
+    if (best != nullptr) return WhyGroupWaits(*best, now);
+    if (t.queued == 0) return WaitReason::kNone;
+    bool delayed = false;
+    for (const auto& [when, job] : delayed_) delayed |= job->type == &t;
+    return delayed ? WaitReason::kNotBefore : WaitReason::kConflict;
+  };
+  std::vector<const TypeState*> types;
+  for (const auto& [name, t] : types_) {
+    if (t->configured || t->queued > 0 || t->running > 0) types.push_back(t.get());
+  }
+  std::sort(types.begin(), types.end(),
+            [](const TypeState* a, const TypeState* b) { return a->name < b->name; });
+  absl::flat_hash_map<const TypeState*, WaitReason> heads;
+  for (const TypeState* t : types) {
+    heads[t] = head_of(*t);
+    s.types.push_back({t->name, t->queued, t->running, heads[t]});
+  }
+  for (const TierState* tier : tiers_desc_) {
+    if (tier->types.empty() && tier->queued == 0 && tier->running == 0) continue;
+    SchedulerStats::Tier out{tier->name, tier->priority, tier->cap, tier->queued, tier->running};
+    for (const TypeState* t : tier->types) {
+      if (t->queued > 0 && out.head == WaitReason::kNone) out.head = heads[t];
+    }
+    s.tiers.push_back(out);
+  }
+  // Models and rate-limited types without a model.
+  absl::flat_hash_map<std::string, SchedulerStats::Model> models;
+  for (const auto& [name, m] : models_) {
+    SchedulerStats::Model& out = models[name];
+    out.name = name;
+    out.queued = m->queued;
+    out.running = m->running;
+    for (const auto& [rank, w] : by_rank_) out.resident_on += w->resident.contains(m.get());
+  }
+  for (const auto& [key, bucket] : buckets_) {
+    SchedulerStats::Model& out = models[key];
+    out.name = key;
+    out.tokens = bucket->TokensAt(now);
+    out.per_second = bucket->limit().per_second;
+    out.burst = bucket->limit().burst;
+  }
+  for (const TypeState* t : types) {
+    if (t->model == nullptr) {
+      auto it = models.find(t->name);
+      if (it == models.end()) continue;
+      it->second.queued += t->queued;
+      it->second.running += t->running;
+    }
+    auto it = models.find(t->configured ? t->cfg.rate_key() : t->name);
+    if (it != models.end() && t->queued > 0 && it->second.head == WaitReason::kNone) {
+      it->second.head = heads[t];
+    }
+  }
+  for (auto& [name, m] : models) s.models.push_back(m);
+  std::sort(s.models.begin(), s.models.end(),
+            [](const auto& a, const auto& b) { return a.name < b.name; });
+  for (const auto& [name, key] : keys_) {
+    SchedulerStats::Key out{name, key->pending, key->placed, key->cost};
+    const LaneKey* best = nullptr;
+    for (const Lane* lane : key->lanes) {
+      if (lane->filed && (best == nullptr || lane->filed_key < *best)) best = &lane->filed_key;
+    }
+    if (best != nullptr) out.head = WhyGroupWaits(*best->lane->group, now);
+    s.keys.push_back(out);
+  }
+  std::sort(s.keys.begin(), s.keys.end(), [](const auto& a, const auto& b) {
+    return a.cost != b.cost ? a.cost < b.cost : a.name < b.name;
+  });
+  return s;
+}
+
+int64_t Scheduler::queued_of_type(const std::string& type) const {
+  auto it = types_.find(type);
+  return it == types_.end() ? 0 : it->second->queued;
+}
+
+int Scheduler::running_of_type(const std::string& type) const {
+  auto it = types_.find(type);
+  return it == types_.end() ? 0 : it->second->running;
+}
+
+bool Scheduler::IsPlaced(const std::string& job_id) const {
+  auto it = jobs_.find(job_id);
+  return it != jobs_.end() && it->second->where == Job::Where::kPlaced;
+}
+
+bool Scheduler::IsPending(const std::string& job_id) const {
+  auto it = jobs_.find(job_id);
+  return it != jobs_.end() && it->second->where != Job::Where::kPlaced;
 }
 
 std::string Scheduler::WorkerOf(const std::string& job_id) const {
-  auto it = placed_.find(job_id);
-  return it == placed_.end() ? std::string() : it->second.worker_id;
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end() || it->second->where != Job::Where::kPlaced) return "";
+  return it->second->worker_id;
+}
+
+double Scheduler::KeyCost(const std::string& fairness_key) const {
+  auto it = keys_.find(fairness_key);
+  return it == keys_.end() ? 0 : it->second->cost;
 }
 
 std::vector<WorkerView> Scheduler::Workers() const {
   std::vector<WorkerView> out;
-  for (const auto& [rank, id] : workers_by_rank_) {
-    const Worker& w = workers_.at(id);
-    out.push_back(WorkerView{id, rank, w.spec.slots, w.busy, w.capacity, w.draining});
+  for (const auto& [rank, w] : by_rank_) {
+    WorkerView v{.id = w->spec.id,
+                 .rank = rank,
+                 .slots = w->spec.slots,
+                 .busy = w->busy,
+                 .capacity = w->capacity,
+                 .draining = w->draining,
+                 .vram_gb = w->spec.vram_gb,
+                 .vram_in_use_gb = w->vram_in_use,
+                 .model_loads = w->loads};
+    for (const ModelState* m : w->resident) v.models_resident.push_back(m->name);
+    std::sort(v.models_resident.begin(), v.models_resident.end());
+    out.push_back(std::move(v));
   }
   return out;
-}
-
-void Scheduler::Place(const std::string& job_id, const std::string& type,
-                      const std::string& worker_id) {
-  auto w = workers_.find(worker_id);
-  placed_[job_id] = Placement{type, worker_id, w != workers_.end()};
-  ++running_by_type_[type];
-  if (w != workers_.end()) ++w->second.busy;
-}
-
-void Scheduler::Unplace(const std::string& job_id) {
-  auto it = placed_.find(job_id);
-  if (it == placed_.end()) return;
-  int& n = running_by_type_[it->second.type];
-  --n;
-  DISPATCHD_CHECK(n >= 0, "running count of a type below zero");
-  if (auto w = workers_.find(it->second.worker_id);
-      it->second.on_worker && w != workers_.end()) {
-    --w->second.busy;
-    DISPATCHD_CHECK(w->second.busy >= 0, "worker busy count below zero");
-  }
-  placed_.erase(it);
 }
 
 }  // namespace dispatchd::sched

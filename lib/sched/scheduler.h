@@ -1,15 +1,21 @@
 #pragma once
 
 #include <cstdint>
-#include <map>
+#include <memory>
+#include <optional>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/container/btree_set.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/time/time.h"
 #include "lib/config/config.h"
 #include "lib/job/job.h"
+#include "lib/sched/cost_estimator.h"
+#include "lib/sched/token_bucket.h"
 
 namespace dispatchd::sched {
 
@@ -18,10 +24,21 @@ struct PendingJob {
   std::string id;
   std::string type;
   int32_t attempt = 0;  // attempts started so far
+  std::string resource_id;
+  std::string fairness_key;
   job::Labels labels;
   absl::Time not_before = absl::InfinitePast();
   // Arrival (the job's created_at): FIFO order, kept when a refused job returns to the queue.
   absl::Time arrival = absl::InfinitePast();
+};
+
+// A job already on a worker (re-adopted after a reconnect or a restart).
+struct PlacedJob {
+  std::string id;
+  std::string type;
+  std::string resource_id;
+  std::string fairness_key;
+  std::string worker_id;
 };
 
 // A connected worker, as it registered.
@@ -30,6 +47,10 @@ struct WorkerSpec {
   std::vector<std::string> types;
   int slots = 1;
   job::Labels labels;
+  // Total GPU memory in GB; negative: none reported, models are not limited by VRAM.
+  double vram_gb = -1;
+  // Models loaded on it now.
+  std::vector<std::string> models_resident;
 };
 
 // Decision: offer job `job_id` (at `attempt` attempts started) to worker `worker_id`.
@@ -37,17 +58,38 @@ struct Dispatch {
   std::string job_id;
   int32_t attempt = 0;
   std::string worker_id;
+  std::string model;
+  // The worker does not have `model` loaded: this dispatch makes it load it.
+  bool loads_model = false;
+  // The job's estimated cost, and its fairness key's accumulated cost with it charged.
+  double cost = 0;
+  double key_cost = 0;
 };
 
 // Why a pending job is not dispatched now. One enum so logs, metrics and API messages agree.
 enum class WaitReason {
-  kNone,           // dispatchable
+  kNone,           // it would be dispatched now
   kNotBefore,      // its not_before has not passed
+  kTierCap,        // its tier runs as many jobs as the tier's value
   kTypeCap,        // its type runs max_concurrency jobs
+  kConflict,       // a job of its conflict group runs on its resource_id
+  kRateLimit,      // its model's token bucket is empty
   kNoWorker,       // no connected worker serves its type and labels
   kWorkersBusy,    // workers that could take it have no free slot
+  kVram,           // workers with a free slot have no VRAM for its model
+  kAffinity,       // free workers stay on their resident models (see max_affinity_wait)
+  kInLine,         // it could run, but other jobs come first
 };
 absl::string_view ToString(WaitReason reason);
+
+// Why a job waits and where it stands.
+struct WaitInfo {
+  WaitReason reason = WaitReason::kNone;
+  // Jobs of the same fairness key and type ahead of it, plus one.
+  int64_t position = 0;
+  // Fairness keys whose jobs of this type come before its key's.
+  int64_t keys_ahead = 0;
+};
 
 // Per-worker view for AdminService and tests.
 struct WorkerView {
@@ -57,30 +99,100 @@ struct WorkerView {
   int busy = 0;           // jobs placed on it (dispatched or running)
   int capacity = 0;       // slots it is believed to accept now (<= slots; lowered by refusals)
   bool draining = false;
+  double vram_gb = -1;
+  double vram_in_use_gb = 0;
+  std::vector<std::string> models_resident;  // sorted
+  int64_t model_loads = 0;                   // dispatches that made it load a model
 };
 
-// Decides which pending job goes to which worker. Dispatch is FIFO by arrival among jobs that can
-// run now; a job that cannot run (type at its cap, no eligible worker with a free slot, not yet
-// due) is skipped, never waited on, so it never blocks the jobs behind it. Among eligible workers
-// the lowest stable rank (join order) wins, so load concentrates and surplus workers drain idle.
+// Snapshot for AdminService.Stats: counts and the reason the best-placed job of each waits.
+struct SchedulerStats {
+  struct Tier {
+    std::string name;
+    int priority = 0;
+    int cap = 0;  // config::kUnlimited for the implicit tier
+    int64_t queued = 0, running = 0;
+    WaitReason head = WaitReason::kNone;
+  };
+  struct Type {
+    std::string name;
+    int64_t queued = 0, running = 0;
+    WaitReason head = WaitReason::kNone;
+  };
+  struct Model {
+    std::string name;  // a model, or a rate-limited type with no model
+    int64_t queued = 0, running = 0;
+    double tokens = -1;  // tokens in its bucket; negative: no rate limit
+    double per_second = 0;
+    int burst = 0;
+    int64_t resident_on = 0;  // connected workers with it loaded
+    WaitReason head = WaitReason::kNone;
+  };
+  struct Key {
+    std::string name;
+    int64_t queued = 0, running = 0;
+    double cost = 0;
+    WaitReason head = WaitReason::kNone;
+  };
+  std::vector<Tier> tiers;    // by priority, highest first
+  std::vector<Type> types;    // by name
+  std::vector<Model> models;  // by name
+  std::vector<Key> keys;      // by accumulated cost, lowest first
+  double virtual_time = 0;
+};
+
+// Decides which pending job goes to which worker, and when.
 //
-// The scheduler is pure: it takes events (job queued, worker joined/left, refusal, job finished)
-// and returns decisions; it never touches a socket, a database or a clock. The caller passes `now`.
+// Order. Candidates are ordered by (tier priority, highest first; accumulated cost of the job's
+// fairness key, lowest first; arrival). A candidate is skipped, never waited on, when its tier or
+// type is at its cap, a job of the same conflict group runs on its resource_id, its model's token
+// bucket is empty, or no worker can take it. When a job is admitted its key's cost grows by the
+// job's estimated cost (CostEstimator); a key that becomes active again starts no lower than the
+// virtual time, the smallest start tag of the jobs in service (start-time fair queuing), so idle
+// time banks no credit.
+//
+// Placement. Workers are filled in a fixed rank order (join order), so surplus workers drain to
+// idle. A worker with a free slot takes, in its highest tier with work for it:
+//   1. a job of a model that has been starved (no worker served it, and its oldest job waited,
+//      for longer than the type's max_affinity_wait), oldest first: the bounded swap budget;
+//   2. else the best-ordered job of a model it has resident (or a job with no model): affinity;
+//   3. else it loads the model with the deepest queue it can serve (ties by order).
+// A model loads only if the VRAM of the models in use on the worker plus the new one fits; idle
+// resident models are evicted to make room. A worker that must leave a model still in use for a
+// starved one takes no more work until the swap fits.
+//
+// The "fifo" policy orders by arrival alone, ignores tiers' priority and model affinity, and keeps
+// every cap, conflict, rate limit and VRAM rule: a plain queue to compare against.
+//
+// The scheduler is pure: it takes events and returns decisions; it never touches a socket, a
+// database or a clock. The caller passes `now`.
 //
 // Usage:
 //   Scheduler s(config);
 //   s.AddWorker({.id = "w1", .types = {"echo"}, .slots = 2});
-//   s.Enqueue({.id = "j1", .type = "echo"});
+//   s.Enqueue({.id = "j1", .type = "echo", .fairness_key = "alice"});
 //   for (const Dispatch& d : s.Decide(now)) { /* claim in the store, send to the worker */ }
+//   s.Finished("j1", now, /*ran=*/absl::Seconds(3));
 //
-// Not thread-safe: owned and driven by the dispatcher loop.
+// Not thread-safe: owned and driven by one thread (the dispatcher loop).
 class Scheduler {
  public:
-  explicit Scheduler(const config::Config& config);
+  explicit Scheduler(const config::Config& config, absl::Time now = absl::UnixEpoch());
+  ~Scheduler();
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
 
-  // Replaces the job-type table (caps). Jobs of types no longer configured stay queued until a
-  // config names them again.
-  void UpdateConfig(const config::Config& config);
+  // Replaces types, tiers, rate limits and policy. Buckets keep their tokens. Jobs of types no
+  // longer configured stay queued until a config names them again.
+  void UpdateConfig(const config::Config& config, absl::Time now);
+
+  // Changes the rate limit of a model (or of a type with no model) until the next UpdateConfig;
+  // a limit with per_second == 0 removes it. False if no configured type uses `rate_key`.
+  bool SetRateLimit(const std::string& rate_key, config::RateLimit limit, absl::Time now);
+
+  // Seeds the cost estimate of (type, resource_id), e.g. from persisted observations.
+  void SetCostEstimate(const std::string& type, const std::string& resource_id, double cost,
+                       absl::Time now);
 
   // A job became QUEUED. Re-enqueueing a job the scheduler already holds keeps one copy.
   void Enqueue(PendingJob job);
@@ -88,7 +200,8 @@ class Scheduler {
   // Removes a pending job (cancelled, expired). True if it was pending.
   bool RemovePending(const std::string& job_id);
 
-  // A worker connected. Rejoining with a known id replaces its registration but keeps its rank.
+  // A worker connected. Rejoining with a known id replaces its registration but keeps its rank
+  // and the jobs placed on it.
   void AddWorker(const WorkerSpec& worker);
 
   // A worker is gone. Returns the ids of the jobs placed on it, which no longer count against any
@@ -98,17 +211,27 @@ class Scheduler {
   // The worker stops taking new work.
   void SetDraining(const std::string& worker_id, bool draining);
 
-  // Records a job already running on a worker (re-adoption after a reconnect or restart). It
-  // counts against caps and slots as any placed job.
-  void Adopt(const std::string& job_id, const std::string& type, const std::string& worker_id);
+  // The worker reported the models it has loaded (Hello, heartbeat).
+  void SetResidentModels(const std::string& worker_id, const std::vector<std::string>& models);
+
+  // Records a job already running on a worker (re-adoption). It counts against caps, conflicts,
+  // slots and VRAM as any placed job, and its key's cost as any admitted job.
+  void Adopt(const PlacedJob& job);
 
   // The worker refused the job because its own slots are full. The job leaves the worker (the
-  // caller re-enqueues it once it is QUEUED again) and the worker is believed to accept no more
-  // than it holds now, until it frees a slot or reports its load.
+  // caller re-enqueues it once it is QUEUED again), its key's cost is refunded, and the worker is
+  // believed to accept no more than it holds now, until it frees a slot or reports its load. The
+  // token it took stays taken: the bucket bounds offers, not only runs.
   void Refused(const std::string& job_id);
 
-  // A placed job ended (result, cancel, timeout): its slot and cap are free.
-  void Finished(const std::string& job_id);
+  // A dispatch that never reached its worker (the store refused the claim): the placement is
+  // undone and the key's cost refunded, as if Decide had not picked it. The token stays taken.
+  void Retract(const std::string& job_id);
+
+  // A placed job ended (result, cancel, timeout): its slot, caps and conflict are free. `ran` is
+  // the attempt's observed wall time, if it ran to an outcome; it updates the cost estimate.
+  void Finished(const std::string& job_id, absl::Time now,
+                std::optional<absl::Duration> ran = std::nullopt);
 
   // The worker reported its load: it is believed to accept its advertised slots again.
   void Heartbeat(const std::string& worker_id);
@@ -116,62 +239,125 @@ class Scheduler {
   // Picks the dispatches possible now, at most `limit`, and counts each as placed.
   std::vector<Dispatch> Decide(absl::Time now, size_t limit = SIZE_MAX);
 
-  // Why the pending job waits, or kNone if it would be dispatched now (before `limit`).
-  WaitReason WhyWaiting(const std::string& job_id, absl::Time now) const;
+  // Why the pending job waits (kNone if not pending) and its place in line.
+  WaitInfo WhyWaiting(const std::string& job_id, absl::Time now) const;
 
-  // The earliest not_before among pending jobs that is after `now`, or InfiniteFuture: when the
-  // caller should call Decide again if nothing else happens.
+  // When the caller should call Decide again if nothing else happens: the next not_before, the
+  // next token of a bucket that holds work back, or the next housekeeping; InfiniteFuture if none.
   absl::Time NextWakeup(absl::Time now) const;
 
-  size_t pending_count() const { return pending_.size(); }
-  size_t placed_count() const { return placed_.size(); }
+  SchedulerStats Stats(absl::Time now) const;
+
+  size_t pending_count() const { return pending_count_; }
+  size_t placed_count() const { return placed_count_; }
+  // Jobs of `type` waiting (queued, including those not yet due).
+  int64_t queued_of_type(const std::string& type) const;
   int running_of_type(const std::string& type) const;
-  bool IsPlaced(const std::string& job_id) const { return placed_.contains(job_id); }
-  bool IsPending(const std::string& job_id) const { return pending_index_.contains(job_id); }
+  bool IsPlaced(const std::string& job_id) const;
+  bool IsPending(const std::string& job_id) const;
   // Worker holding a placed job, or empty.
   std::string WorkerOf(const std::string& job_id) const;
   std::vector<WorkerView> Workers() const;
+  double KeyCost(const std::string& fairness_key) const;
 
  private:
-  struct Worker {
-    WorkerSpec spec;
-    absl::flat_hash_set<std::string> types;
-    int64_t rank = 0;
-    int busy = 0;
-    int capacity = 0;
-    bool draining = false;
+  struct Job;
+  struct Lane;
+  struct Group;
+  struct TypeState;
+  struct TierState;
+  struct ModelState;
+  struct KeyState;
+  struct WorkerState;
+  struct Choice;
+
+  // Arrival order with a sequence number for ties.
+  struct Ord {
+    absl::Time arrival;
+    uint64_t seq;
+    static Ord Min() { return {absl::InfinitePast(), 0}; }
+    friend bool operator<(const Ord& a, const Ord& b) {
+      return a.arrival < b.arrival || (a.arrival == b.arrival && a.seq < b.seq);
+    }
   };
-  struct Placement {
-    std::string type;
-    std::string worker_id;
-    // False when the worker was not registered at placement (a job re-adopted after a restart,
-    // before its worker reconnected): it then never counted in that worker's busy slots.
-    bool on_worker = false;
+  // A lane's place in its group: (cost of its key when filed, its head's arrival). Filed costs go
+  // stale when the key's cost grows; BestLane refiles stale entries lazily.
+  struct LaneKey {
+    double cost;
+    Ord head;
+    Lane* lane;
+    friend bool operator<(const LaneKey& a, const LaneKey& b) {
+      if (a.cost != b.cost) return a.cost < b.cost;
+      if (a.head < b.head || b.head < a.head) return a.head < b.head;
+      return a.lane < b.lane;
+    }
   };
 
-  // The lowest-ranked worker that can take `job` now, or nullptr.
-  Worker* PickWorker(const PendingJob& job);
-  // Why no worker takes `job`: kNoWorker or kWorkersBusy; kNone if one would.
-  WaitReason WorkerAvailability(const PendingJob& job) const;
-  bool ServesAndMatches(const Worker& w, const PendingJob& job) const;
-  bool TypeAtCap(const std::string& type) const;
-  void Place(const std::string& job_id, const std::string& type, const std::string& worker_id);
-  void Unplace(const std::string& job_id);
+  TypeState& TypeFor(const std::string& name);
+  KeyState& KeyFor(const std::string& name);
+  Group& GroupFor(TypeState& type, const job::Labels& labels);
+  Lane& LaneFor(Group& group, KeyState& key);
+  void ApplyConfig(const config::Config& config, absl::Time now);
 
-  absl::flat_hash_map<std::string, int> type_caps_;
-  // Pending jobs in arrival order; the sequence number breaks ties deterministically.
-  using PendingKey = std::pair<absl::Time, uint64_t>;
-  std::map<PendingKey, PendingJob> pending_;
-  absl::flat_hash_map<std::string, PendingKey> pending_index_;
-  uint64_t next_seq_ = 0;
+  // Pending-job bookkeeping.
+  void MakeReady(Job& job);
+  void AddToLane(Job& job);
+  void RemoveFromLane(Job& job);
+  void ReadyInsert(Lane& lane, Job& job);
+  void ReadyErase(Lane& lane, Job& job);
+  void RefileLane(Lane& lane);
+  Lane* BestLane(Group& group);
+  void ActivateKey(KeyState& key);
+  void DeactivateKey(KeyState& key);
+  void PromoteDue(absl::Time now);
 
-  absl::flat_hash_map<std::string, Worker> workers_;
-  std::map<int64_t, std::string> workers_by_rank_;
+  // Placement bookkeeping.
+  void Place(Job& job, WorkerState* worker, absl::Time now, bool loads_model);
+  void Unplace(Job& job);
+  void SetConflictBusy(const std::string& conflict, bool busy);
+  void UpdateAvailable(WorkerState& w);
+  bool ServesAndMatches(const WorkerState& w, const Group& g) const;
+  bool Fits(const WorkerState& w, const ModelState* model) const;
+  bool Resident(const WorkerState& w, const ModelState* model) const;
+  bool Starved(const Group& g, absl::Time now) const;
+  bool GroupOpen(const Group& g, absl::Time now) const;
+  void LoadModel(WorkerState& w, ModelState* model);
+  Choice ChooseFor(WorkerState& w, absl::Time now);
+  Choice ChooseFifo(WorkerState& w, absl::Time now);
+  WaitReason WhyGroupWaits(const Group& g, absl::Time now) const;
+  void Housekeep(absl::Time now);
+  double VirtualTime() const;
+
+  std::string policy_ = "fair";
+  double alpha_ = 0.3;
+  absl::Duration key_ttl_ = absl::Minutes(10);
+  absl::Time last_now_;
+  absl::Time next_housekeeping_;
+
+  absl::flat_hash_map<std::string, std::unique_ptr<TypeState>> types_;
+  absl::flat_hash_map<int, std::unique_ptr<TierState>> tiers_;  // by value (priority)
+  std::vector<TierState*> tiers_desc_;
+  absl::flat_hash_map<std::string, std::unique_ptr<ModelState>> models_;
+  absl::flat_hash_map<std::string, std::unique_ptr<TokenBucket>> buckets_;  // by rate key
+  absl::flat_hash_map<std::string, config::RateLimit> rate_overrides_;
+  absl::flat_hash_map<std::string, std::unique_ptr<KeyState>> keys_;
+  absl::flat_hash_map<std::string, std::unique_ptr<Job>> jobs_;  // pending and placed
+  absl::flat_hash_map<std::string, std::unique_ptr<WorkerState>> workers_;
   absl::flat_hash_map<std::string, int64_t> known_ranks_;  // kept across reconnects
   int64_t next_rank_ = 0;
-
-  absl::flat_hash_map<std::string, Placement> placed_;
-  absl::flat_hash_map<std::string, int> running_by_type_;
+  std::set<std::pair<int64_t, WorkerState*>> available_;  // free slot, not draining; by rank
+  std::set<std::pair<int64_t, WorkerState*>> by_rank_;
+  // Running jobs per "group\x1fresource" conflict key.
+  absl::flat_hash_map<std::string, int> conflicts_running_;
+  // Lanes holding pending jobs of a conflict key, with how many.
+  absl::flat_hash_map<std::string, absl::flat_hash_map<Lane*, int>> conflicts_pending_;
+  absl::btree_set<std::pair<absl::Time, Job*>> delayed_;  // by not_before
+  std::multiset<double> start_tags_;                      // of jobs in service
+  double last_virtual_time_ = 0;
+  CostEstimator costs_;
+  uint64_t next_seq_ = 0;
+  size_t pending_count_ = 0;
+  size_t placed_count_ = 0;
 };
 
 }  // namespace dispatchd::sched

@@ -30,11 +30,13 @@ Dispatcher::Dispatcher(config::Config config, store::JobStore& store, Clock& clo
       store_(store),
       clock_(clock),
       events_(events),
-      scheduler_(config_) {}
+      scheduler_(config_, clock.TimeNow()),
+      admission_(config_) {}
 
 Dispatcher::~Dispatcher() { Stop(); }
 
 absl::Status Dispatcher::Start() {
+  for (const std::string& warning : config_.Warnings()) server::Log("dispatch")->warn("{}", warning);
   absl::StatusOr<std::vector<job::Job>> active = store_.LoadActive();
   if (!active.ok()) return active.status();
   const absl::Time now = clock_.TimeNow();
@@ -47,7 +49,7 @@ absl::Status Dispatcher::Start() {
       ++queued;
     } else {
       // Dispatched or running under the previous daemon: its worker may still hold it.
-      scheduler_.Adopt(j.id, j.spec.type, j.worker_id);
+      scheduler_.Adopt(ToPlaced(j, j.worker_id));
       entry.orphan_deadline = now + config_.orphan_grace;
       ++held;
     }
@@ -80,6 +82,7 @@ void Dispatcher::Post(std::function<void()> task) {
 
 void Dispatcher::JobQueued(job::Job job) {
   Post([this, job = std::move(job)]() mutable {
+    admission_.Counted(job.spec.type);
     if (jobs_.contains(job.id)) return;
     scheduler_.Enqueue(ToPending(job));
     std::string id = job.id;
@@ -95,12 +98,13 @@ void Dispatcher::JobCancelled(const std::string& job_id, job::JobState previous)
       scheduler_.RemovePending(job_id);
       if (scheduler_.IsPlaced(job_id)) {
         std::string worker = scheduler_.WorkerOf(job_id);
-        scheduler_.Finished(job_id);
+        scheduler_.Finished(job_id, clock_.TimeNow());
         // The attempt the worker holds: the next one while dispatched, the current one running.
         int32_t attempt = j.state == JobState::kDispatched ? j.attempt + 1 : j.attempt;
         SendCancel(worker, job_id, attempt, "cancelled by client");
       }
       jobs_.erase(it);
+      ++ended_since_publish_;
     }
     server::Log("dispatch")->debug("cancelled job={} from={}", job_id, job::ToString(previous));
     events_.Publish(job_id, JobState::kCancelled);
@@ -123,7 +127,11 @@ void Dispatcher::WorkerMessage(std::shared_ptr<WorkerLink> link, v1::WorkerMessa
       case v1::WorkerMessage::kAccept: OnAccept(worker_id, msg.accept(), now); break;
       case v1::WorkerMessage::kReject: OnReject(worker_id, msg.reject()); break;
       case v1::WorkerMessage::kResult: OnResult(worker_id, msg.result(), now); break;
-      case v1::WorkerMessage::kHeartbeat: scheduler_.Heartbeat(worker_id); break;
+      case v1::WorkerMessage::kHeartbeat:
+        scheduler_.Heartbeat(worker_id);
+        scheduler_.SetResidentModels(worker_id, {msg.heartbeat().models_resident().begin(),
+                                                 msg.heartbeat().models_resident().end()});
+        break;
       case v1::WorkerMessage::kDraining:
         scheduler_.SetDraining(worker_id, true);
         server::Log("dispatch")->info("worker draining worker={}", worker_id);
@@ -197,7 +205,57 @@ void Dispatcher::Loop() {
       next_sweep_ = now + kSweepInterval;
     }
     DispatchReady(now);
+    PublishLoad(now);
   }
+}
+
+void Dispatcher::PublishLoad(absl::Time now) {
+  absl::flat_hash_map<std::string, int64_t> queued;
+  for (const config::JobTypeConfig& t : config_.types) {
+    queued[t.name] = scheduler_.queued_of_type(t.name);
+  }
+  admission_.Publish(static_cast<int64_t>(jobs_.size()), std::move(queued));
+  if (ended_since_publish_ > 0) admission_.Drained(ended_since_publish_, now);
+  ended_since_publish_ = 0;
+}
+
+void Dispatcher::RunOnLoop(std::function<void()> task) {
+  auto done = std::make_shared<absl::Notification>();
+  Post([task = std::move(task), done] {
+    task();
+    done->Notify();
+  });
+  {
+    absl::MutexLock l(&mu_);
+    if (stopping_) return;
+  }
+  done->WaitForNotificationWithTimeout(absl::Seconds(10));
+}
+
+sched::SchedulerStats Dispatcher::SchedulerStats() {
+  auto out = std::make_shared<sched::SchedulerStats>();
+  RunOnLoop([this, out] { *out = scheduler_.Stats(clock_.TimeNow()); });
+  return *out;
+}
+
+std::optional<sched::WaitInfo> Dispatcher::WhyWaiting(const std::string& job_id) {
+  auto out = std::make_shared<std::optional<sched::WaitInfo>>();
+  RunOnLoop([this, out, job_id] {
+    if (scheduler_.IsPending(job_id)) *out = scheduler_.WhyWaiting(job_id, clock_.TimeNow());
+  });
+  return *out;
+}
+
+bool Dispatcher::SetRateLimit(const std::string& rate_key, config::RateLimit limit) {
+  auto out = std::make_shared<bool>(false);
+  RunOnLoop([this, out, rate_key, limit] {
+    *out = scheduler_.SetRateLimit(rate_key, limit, clock_.TimeNow());
+    if (*out) {
+      server::Log("dispatch")->info("rate limit set key={} per_second={} burst={}", rate_key,
+                                    limit.per_second, limit.burst);
+    }
+  });
+  return *out;
 }
 
 void Dispatcher::DispatchReady(absl::Time now) {
@@ -215,7 +273,7 @@ void Dispatcher::DispatchReady(absl::Time now) {
       server::Log("dispatch")->warn("claim failed jobs={} status={}", claims.size(),
                                     claimed.status().ToString());
       for (const sched::Dispatch& d : decisions) {
-        scheduler_.Finished(d.job_id);
+        scheduler_.Retract(d.job_id);
         if (auto it = jobs_.find(d.job_id); it != jobs_.end()) {
           scheduler_.Enqueue(ToPending(it->second.job));
         }
@@ -230,7 +288,7 @@ void Dispatcher::DispatchReady(absl::Time now) {
       if (!won.contains(d.job_id) || it == jobs_.end()) {
         // The row moved on (cancelled) or another session holds it: try again shortly if the
         // job is still ours to run.
-        scheduler_.Finished(d.job_id);
+        scheduler_.Retract(d.job_id);
         if (it != jobs_.end()) {
           sched::PendingJob p = ToPending(it->second.job);
           p.not_before = std::max(p.not_before, now + absl::Milliseconds(100));
@@ -280,7 +338,7 @@ void Dispatcher::Sweep(absl::Time now) {
     auto it = jobs_.find(id);
     if (it == jobs_.end()) continue;
     it->second.orphan_deadline = absl::InfiniteFuture();
-    scheduler_.Finished(id);
+    scheduler_.Finished(id, now);
     Orphan(it->second, "its worker did not reconnect after the daemon restarted", now);
   }
   for (const std::string& id : timed_out) {
@@ -290,7 +348,7 @@ void Dispatcher::Sweep(absl::Time now) {
     std::string worker = e.job.worker_id;
     int32_t attempt = e.job.attempt;
     SendCancel(worker, id, attempt, "timeout");
-    scheduler_.Finished(id);
+    scheduler_.Finished(id, now, now - e.job.started_at);
     server::Log("dispatch")->warn("timeout job={} attempt={} worker={}", id, attempt, worker);
     FailAttempt(e, attempt,
                 absl::StrCat("timeout: attempt ", attempt, " ran longer than ",
@@ -314,7 +372,7 @@ void Dispatcher::Sweep(absl::Time now) {
     } else {
       for (const std::string& id : *expired) {
         scheduler_.RemovePending(id);
-        jobs_.erase(id);
+        if (jobs_.erase(id) > 0) ++ended_since_publish_;
         server::Log("dispatch")->info("expired job={}", id);
         events_.Publish(id, JobState::kExpired);
       }
@@ -335,11 +393,18 @@ void Dispatcher::OnHello(const std::shared_ptr<WorkerLink>& link, const v1::Hell
   s.peer = link->peer();
   s.connected_at = now;
   s.last_seen = now;
+  // VRAM is the sum over the worker's GPUs; a worker that reports none is not VRAM-limited.
+  double vram_gb = -1;
+  for (const v1::Gpu& gpu : hello.gpus()) {
+    vram_gb = std::max(vram_gb, 0.0) + static_cast<double>(gpu.memory_total_bytes()) / 1e9;
+  }
   scheduler_.AddWorker(sched::WorkerSpec{
       .id = worker_id,
       .types = {hello.types().begin(), hello.types().end()},
       .slots = hello.slots(),
-      .labels = job::Labels(hello.labels().begin(), hello.labels().end())});
+      .labels = job::Labels(hello.labels().begin(), hello.labels().end()),
+      .vram_gb = vram_gb,
+      .models_resident = {hello.models_resident().begin(), hello.models_resident().end()}});
 
   v1::DaemonMessage welcome;
   v1::Welcome* w = welcome.mutable_welcome();
@@ -364,7 +429,7 @@ void Dispatcher::OnHello(const std::shared_ptr<WorkerLink>& link, const v1::Hell
     j.attempt = held.attempt();
     e.orphan_deadline = absl::InfiniteFuture();
     if (e.run_deadline == absl::InfiniteFuture()) e.run_deadline = now + j.spec.timeout;
-    scheduler_.Adopt(j.id, j.spec.type, worker_id);
+    scheduler_.Adopt(ToPlaced(j, worker_id));
     adopted.insert(j.id);
     v1::HeldJob* a = w->add_adopted_jobs();
     a->set_job_id(j.id);
@@ -379,7 +444,7 @@ void Dispatcher::OnHello(const std::shared_ptr<WorkerLink>& link, const v1::Hell
     }
   }
   for (const std::string& id : lost) {
-    scheduler_.Finished(id);
+    scheduler_.Finished(id, now);
     Orphan(jobs_.at(id), "the worker reconnected without it", now);
   }
   server::Log("dispatch")->info(
@@ -408,6 +473,7 @@ void Dispatcher::OnAccept(const std::string& worker_id, const v1::Accept& accept
       if (*marked) {
         j.state = JobState::kRunning;
         j.attempt = accept.attempt();
+        j.started_at = now;
         e.run_deadline = now + j.spec.timeout;
         events_.Publish(j.id, JobState::kRunning);
         return;
@@ -455,8 +521,10 @@ void Dispatcher::OnResult(const std::string& worker_id, const v1::Result& result
   }
   Entry& e = it->second;
   const std::string job_id = e.job.id;
+  const absl::Duration ran = result.has_run_time() ? convert::FromProto(result.run_time())
+                                                   : now - e.job.started_at;
   if (result.has_failure()) {
-    scheduler_.Finished(job_id);
+    scheduler_.Finished(job_id, now, ran);
     FailAttempt(e, result.attempt(), result.failure().message(), result.failure().retryable(),
                 now);
   } else {
@@ -472,8 +540,9 @@ void Dispatcher::OnResult(const std::string& worker_id, const v1::Result& result
       }
       return;
     }
-    scheduler_.Finished(job_id);
+    scheduler_.Finished(job_id, now, ran);
     jobs_.erase(it);
+    ++ended_since_publish_;
     if (*done) events_.Publish(job_id, JobState::kSucceeded);
   }
   SendTo(worker_id, std::move(ack));
@@ -552,7 +621,7 @@ void Dispatcher::FailAttempt(Entry& entry, int32_t attempt, const std::string& e
       server::Log("dispatch")->warn("retry failed job={} status={}", job_id, ok.status().ToString());
       return;  // stays RUNNING in the store; its deadline sweep or a restart settles it
     }
-    jobs_.erase(job_id);  // the row moved on (cancelled)
+    if (jobs_.erase(job_id) > 0) ++ended_since_publish_;  // the row moved on (cancelled)
     return;
   }
   absl::StatusOr<bool> done = store_.Finish(store::FinishRequest{
@@ -562,7 +631,7 @@ void Dispatcher::FailAttempt(Entry& entry, int32_t attempt, const std::string& e
                                   done.status().ToString());
     return;
   }
-  jobs_.erase(job_id);
+  if (jobs_.erase(job_id) > 0) ++ended_since_publish_;
   if (*done) {
     server::Log("dispatch")->info("failed job={} attempt={} error=\"{}\"", job_id, attempt, error);
     events_.Publish(job_id, JobState::kFailed);
@@ -579,7 +648,7 @@ void Dispatcher::Requeue(Entry& entry, absl::Time not_before) {
     return;
   }
   if (!*ok) {
-    jobs_.erase(j.id);  // the row moved on (cancelled)
+    if (jobs_.erase(j.id) > 0) ++ended_since_publish_;  // the row moved on (cancelled)
     return;
   }
   j.state = JobState::kQueued;
@@ -608,9 +677,19 @@ sched::PendingJob Dispatcher::ToPending(const job::Job& job) const {
   return sched::PendingJob{.id = job.id,
                            .type = job.spec.type,
                            .attempt = job.attempt,
+                           .resource_id = job.spec.resource_id,
+                           .fairness_key = job.spec.fairness_key,
                            .labels = job.spec.labels,
                            .not_before = job.spec.not_before,
                            .arrival = job.created_at};
+}
+
+sched::PlacedJob Dispatcher::ToPlaced(const job::Job& job, const std::string& worker_id) const {
+  return sched::PlacedJob{.id = job.id,
+                          .type = job.spec.type,
+                          .resource_id = job.spec.resource_id,
+                          .fairness_key = job.spec.fairness_key,
+                          .worker_id = worker_id};
 }
 
 const config::JobTypeConfig* Dispatcher::TypeOf(const job::Job& job) const {

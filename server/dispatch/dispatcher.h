@@ -3,6 +3,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "dispatchd/v1/worker_service.pb.h"
 #include "lib/config/config.h"
 #include "lib/job/job.h"
+#include "lib/sched/admission_gate.h"
 #include "lib/sched/scheduler.h"
 #include "lib/util/clock.h"
 #include "server/dispatch/job_events.h"
@@ -64,6 +66,17 @@ class Dispatcher {
 
   // Connected workers, by rank. Waits for the loop.
   std::vector<v1::WorkerInfo> Workers();
+  // The scheduler's queues, caps, buckets and keys. Waits for the loop.
+  sched::SchedulerStats SchedulerStats();
+  // Why a queued job waits and its place in line; nullopt if the daemon holds no such queued
+  // job. Waits for the loop.
+  std::optional<sched::WaitInfo> WhyWaiting(const std::string& job_id);
+  // Changes the rate limit of a model (or of a type without one) until the next config load.
+  // False if no configured type uses `rate_key`. Waits for the loop.
+  bool SetRateLimit(const std::string& rate_key, config::RateLimit limit);
+
+  // Limits checked before a job is written (max_active, max_queue_depth). Thread-safe.
+  sched::AdmissionGate& admission() { return admission_; }
 
  private:
   // A job the daemon has not seen end.
@@ -81,10 +94,14 @@ class Dispatcher {
   };
 
   void Post(std::function<void()> task) ABSL_LOCKS_EXCLUDED(mu_);
+  // Runs `task` on the loop and waits for it (at most 10 s; not at all once stopping).
+  void RunOnLoop(std::function<void()> task) ABSL_LOCKS_EXCLUDED(mu_);
   void Loop() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Everything below runs on the loop thread only.
   void DispatchReady(absl::Time now);
+  // Tells the admission gate what the loop holds now.
+  void PublishLoad(absl::Time now);
   void Sweep(absl::Time now);
   void OnHello(const std::shared_ptr<WorkerLink>& link, const v1::Hello& hello, absl::Time now);
   void OnAccept(const std::string& worker_id, const v1::Accept& accept, absl::Time now);
@@ -104,6 +121,7 @@ class Dispatcher {
   void SendCancel(const std::string& worker_id, const std::string& job_id, int32_t attempt,
                   const std::string& reason);
   sched::PendingJob ToPending(const job::Job& job) const;
+  sched::PlacedJob ToPlaced(const job::Job& job, const std::string& worker_id) const;
   const config::JobTypeConfig* TypeOf(const job::Job& job) const;
   // The worker id of the session whose link this is, or empty.
   std::string WorkerIdOf(const std::shared_ptr<WorkerLink>& link) const;
@@ -120,6 +138,8 @@ class Dispatcher {
 
   // Loop-confined state.
   sched::Scheduler scheduler_;
+  sched::AdmissionGate admission_;
+  int64_t ended_since_publish_ = 0;  // jobs that left jobs_ for good since the last PublishLoad
   absl::flat_hash_map<std::string, Entry> jobs_;
   absl::flat_hash_map<std::string, Session> sessions_;
   std::vector<std::string> unreturned_;  // DISPATCHED rows a failed write left to return

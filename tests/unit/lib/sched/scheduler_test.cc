@@ -38,7 +38,7 @@ TEST(SchedulerTest, NothingIsDispatchedWithoutWorkers) {
   Scheduler s(TwoTypes());
   s.Enqueue(Job("j1"));
   EXPECT_THAT(s.Decide(kNow), IsEmpty());
-  EXPECT_EQ(s.WhyWaiting("j1", kNow), WaitReason::kNoWorker);
+  EXPECT_EQ(s.WhyWaiting("j1", kNow).reason, WaitReason::kNoWorker);
 }
 
 TEST(SchedulerTest, DispatchesInArrivalOrderUpToFreeSlots) {
@@ -48,7 +48,7 @@ TEST(SchedulerTest, DispatchesInArrivalOrderUpToFreeSlots) {
   s.Enqueue(Job("early", "echo", 1));
   s.Enqueue(Job("middle", "echo", 3));
   EXPECT_THAT(Pairs(s.Decide(kNow)), ElementsAre("early@w1", "middle@w1"));
-  EXPECT_EQ(s.WhyWaiting("late", kNow), WaitReason::kWorkersBusy);
+  EXPECT_EQ(s.WhyWaiting("late", kNow).reason, WaitReason::kWorkersBusy);
 }
 
 TEST(SchedulerTest, FillsLowestRankedWorkerFirst) {
@@ -76,8 +76,8 @@ TEST(SchedulerTest, TypeCapSkipsWithoutBlockingOtherTypes) {
   s.Enqueue(Job("e2", "echo", 1));
   s.Enqueue(Job("m1", "embed", 2));
   EXPECT_THAT(Pairs(s.Decide(kNow)), ElementsAre("e1@w", "m1@w"));
-  EXPECT_EQ(s.WhyWaiting("e2", kNow), WaitReason::kTypeCap);
-  s.Finished("e1");
+  EXPECT_EQ(s.WhyWaiting("e2", kNow).reason, WaitReason::kTypeCap);
+  s.Finished("e1", kNow);
   EXPECT_THAT(Pairs(s.Decide(kNow)), ElementsAre("e2@w"));
 }
 
@@ -90,7 +90,7 @@ TEST(SchedulerTest, WorkerMustServeTypeAndCarryEveryLabel) {
   s.Enqueue(j);
   s.Enqueue(Job("j2", "embed", 1));
   EXPECT_THAT(Pairs(s.Decide(kNow)), ElementsAre("j1@h100"));
-  EXPECT_EQ(s.WhyWaiting("j2", kNow), WaitReason::kNoWorker);
+  EXPECT_EQ(s.WhyWaiting("j2", kNow).reason, WaitReason::kNoWorker);
 }
 
 TEST(SchedulerTest, NotBeforeHoldsJobUntilDue) {
@@ -100,7 +100,7 @@ TEST(SchedulerTest, NotBeforeHoldsJobUntilDue) {
   j.not_before = kNow + absl::Seconds(10);
   s.Enqueue(j);
   EXPECT_THAT(s.Decide(kNow), IsEmpty());
-  EXPECT_EQ(s.WhyWaiting("later", kNow), WaitReason::kNotBefore);
+  EXPECT_EQ(s.WhyWaiting("later", kNow).reason, WaitReason::kNotBefore);
   EXPECT_EQ(s.NextWakeup(kNow), kNow + absl::Seconds(10));
   EXPECT_THAT(Pairs(s.Decide(kNow + absl::Seconds(10))), ElementsAre("later@w"));
 }
@@ -117,7 +117,7 @@ TEST(SchedulerTest, RefusalLowersCapacityUntilHeartbeat) {
   }
   EXPECT_THAT(s.Decide(kNow), IsEmpty());
   // Freeing its one job frees exactly one slot, not four.
-  s.Finished("j0");
+  s.Finished("j0", kNow);
   EXPECT_THAT(Pairs(s.Decide(kNow)), ElementsAre("j1@w"));
   // A heartbeat restores the advertised slots.
   s.Heartbeat("w");
@@ -153,17 +153,17 @@ TEST(SchedulerTest, DrainingWorkerGetsNoNewWork) {
   s.SetDraining("w", true);
   s.Enqueue(Job("j1"));
   EXPECT_THAT(s.Decide(kNow), IsEmpty());
-  EXPECT_EQ(s.WhyWaiting("j1", kNow), WaitReason::kWorkersBusy);
+  EXPECT_EQ(s.WhyWaiting("j1", kNow).reason, WaitReason::kWorkersBusy);
 }
 
 TEST(SchedulerTest, AdoptedJobCountsAgainstSlotsAndCaps) {
   Scheduler s(TwoTypes(/*echo_cap=*/1));
   s.AddWorker({.id = "w", .types = {"echo"}, .slots = 2});
-  s.Adopt("running", "echo", "w");
+  s.Adopt({.id = "running", .type = "echo", .worker_id = "w"});
   s.Enqueue(Job("next"));
   EXPECT_THAT(s.Decide(kNow), IsEmpty());
-  EXPECT_EQ(s.WhyWaiting("next", kNow), WaitReason::kTypeCap);
-  s.Finished("running");
+  EXPECT_EQ(s.WhyWaiting("next", kNow).reason, WaitReason::kTypeCap);
+  s.Finished("running", kNow);
   EXPECT_THAT(Pairs(s.Decide(kNow)), ElementsAre("next@w"));
 }
 
@@ -200,24 +200,24 @@ namespace {
 TEST(SchedulerRecoveryTest, JobAdoptedBeforeItsWorkerReturnsCountsOnce) {
   Scheduler s(TwoTypes(/*echo_cap=*/5));
   // After a restart the job is known to run on "w", which has not reconnected yet.
-  s.Adopt("j1", "echo", "w");
+  s.Adopt({.id = "j1", .type = "echo", .worker_id = "w"});
   EXPECT_EQ(s.running_of_type("echo"), 1);
   s.AddWorker({.id = "w", .types = {"echo"}, .slots = 2});
   // The worker reports it: the re-adoption now counts it in the worker's slots.
-  s.Adopt("j1", "echo", "w");
+  s.Adopt({.id = "j1", .type = "echo", .worker_id = "w"});
   EXPECT_EQ(s.running_of_type("echo"), 1);
   ASSERT_THAT(s.Workers(), SizeIs(1));
   EXPECT_EQ(s.Workers()[0].busy, 1);
-  s.Finished("j1");
+  s.Finished("j1", kNow);
   EXPECT_EQ(s.Workers()[0].busy, 0);
   EXPECT_EQ(s.running_of_type("echo"), 0);
 }
 
 TEST(SchedulerRecoveryTest, UnreportedAdoptionFreesCapWithoutTouchingWorkerSlots) {
   Scheduler s(TwoTypes());
-  s.Adopt("j1", "echo", "w");
+  s.Adopt({.id = "j1", .type = "echo", .worker_id = "w"});
   s.AddWorker({.id = "w", .types = {"echo"}, .slots = 1});
-  s.Finished("j1");  // grace over, the worker never reported it
+  s.Finished("j1", kNow);  // grace over, the worker never reported it
   EXPECT_EQ(s.Workers()[0].busy, 0);
   s.Enqueue(Job("j2"));
   EXPECT_THAT(Pairs(s.Decide(kNow)), ElementsAre("j2@w"));

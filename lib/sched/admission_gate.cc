@@ -1,0 +1,96 @@
+#include "lib/sched/admission_gate.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace dispatchd::sched {
+namespace {
+
+constexpr absl::Duration kBucket = absl::Seconds(1);
+constexpr double kRateAlpha = 0.3;
+
+}  // namespace
+
+AdmissionGate::AdmissionGate(const config::Config& config) { UpdateConfig(config); }
+
+void AdmissionGate::UpdateConfig(const config::Config& config) {
+  absl::MutexLock l(&mu_);
+  max_active_ = config.max_active;
+  max_depth_.clear();
+  for (const config::JobTypeConfig& t : config.types) max_depth_[t.name] = t.max_queue_depth;
+}
+
+absl::Status AdmissionGate::TryAdmit(const std::string& type, absl::Duration* retry_after) {
+  absl::MutexLock l(&mu_);
+  int64_t active = active_ + reserved_;
+  if (active >= max_active_) {
+    *retry_after = RetryAfterLocked(active - max_active_ + 1);
+    return absl::ResourceExhaustedError(
+        absl::StrCat("max_active: ", active, " jobs active (limit ", max_active_, "); retry in ",
+                     absl::FormatDuration(*retry_after)));
+  }
+  if (auto limit = max_depth_.find(type); limit != max_depth_.end()) {
+    int64_t queued = 0;
+    if (auto q = queued_.find(type); q != queued_.end()) queued += q->second;
+    if (auto r = reserved_by_type_.find(type); r != reserved_by_type_.end()) queued += r->second;
+    if (queued >= limit->second) {
+      *retry_after = RetryAfterLocked(queued - limit->second + 1);
+      return absl::ResourceExhaustedError(
+          absl::StrCat("max_queue_depth: type \"", type, "\" has ", queued, " jobs queued (limit ",
+                       limit->second, "); retry in ", absl::FormatDuration(*retry_after)));
+    }
+  }
+  ++reserved_;
+  ++reserved_by_type_[type];
+  return absl::OkStatus();
+}
+
+void AdmissionGate::Release(const std::string& type) {
+  absl::MutexLock l(&mu_);
+  --reserved_;
+  if (--reserved_by_type_[type] <= 0) reserved_by_type_.erase(type);
+}
+
+void AdmissionGate::Counted(const std::string& type) {
+  absl::MutexLock l(&mu_);
+  // The job moves from reserved to counted: count it now, before the next Publish does.
+  --reserved_;
+  if (--reserved_by_type_[type] <= 0) reserved_by_type_.erase(type);
+  ++active_;
+  ++queued_[type];
+}
+
+void AdmissionGate::Publish(int64_t active, absl::flat_hash_map<std::string, int64_t> queued) {
+  absl::MutexLock l(&mu_);
+  active_ = active;
+  queued_ = std::move(queued);
+}
+
+void AdmissionGate::Drained(int64_t n, absl::Time now) {
+  absl::MutexLock l(&mu_);
+  if (bucket_start_ == absl::InfinitePast()) bucket_start_ = now;
+  while (now - bucket_start_ >= kBucket) {
+    double rate = static_cast<double>(drained_in_bucket_) / absl::ToDoubleSeconds(kBucket);
+    drain_per_second_ = kRateAlpha * rate + (1 - kRateAlpha) * drain_per_second_;
+    drained_in_bucket_ = 0;
+    bucket_start_ += kBucket;
+    if (now - bucket_start_ > 60 * kBucket) bucket_start_ = now;  // long idle: restart
+  }
+  drained_in_bucket_ += n;
+}
+
+absl::Duration AdmissionGate::RetryAfter(int64_t excess) const {
+  absl::MutexLock l(&mu_);
+  return RetryAfterLocked(excess);
+}
+
+absl::Duration AdmissionGate::RetryAfterLocked(int64_t excess) const {
+  if (drain_per_second_ <= 0) return absl::Seconds(1);
+  absl::Duration d = absl::Seconds(static_cast<double>(std::max<int64_t>(excess, 1)) /
+                                   drain_per_second_);
+  return std::clamp(d, absl::Milliseconds(100), absl::Seconds(60));
+}
+
+}  // namespace dispatchd::sched

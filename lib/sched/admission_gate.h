@@ -1,0 +1,64 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "lib/config/config.h"
+
+namespace dispatchd::sched {
+
+// Refuses work before anything is written: the `max_active` ceiling (jobs queued, dispatched or
+// running) and each type's `max_queue_depth`. A Submit reserves room with TryAdmit before its
+// row is inserted, and the reservation turns into a counted job when the dispatcher takes the
+// job in (Counted), or is given back if nothing was written (Release). The dispatcher reports the
+// jobs it holds with Publish, so concurrent Submits can never overshoot a limit.
+//
+// A refusal carries a retry hint: the time the fleet needs, at its recent drain rate, to finish
+// the jobs above the ceiling.
+//
+// Thread-safe.
+class AdmissionGate {
+ public:
+  explicit AdmissionGate(const config::Config& config);
+
+  void UpdateConfig(const config::Config& config) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Reserves room for one job of `type` (already validated), or RESOURCE_EXHAUSTED naming the
+  // limit, e.g. "max_active: 1000 jobs active (limit 1000); retry in 2.5s". `retry_after` gets
+  // the hint on refusal.
+  absl::Status TryAdmit(const std::string& type, absl::Duration* retry_after)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The reserved job was not written (the insert failed, or it was a duplicate).
+  void Release(const std::string& type) ABSL_LOCKS_EXCLUDED(mu_);
+  // The dispatcher now holds the reserved job and counts it in Publish.
+  void Counted(const std::string& type) ABSL_LOCKS_EXCLUDED(mu_);
+  // What the dispatcher holds: every active job, and the queued ones per type.
+  void Publish(int64_t active, absl::flat_hash_map<std::string, int64_t> queued_by_type)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // `n` jobs reached a terminal state: feeds the drain rate behind the retry hint.
+  void Drained(int64_t n, absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The hint for `excess` jobs above a limit at the current drain rate, within [100ms, 60s].
+  absl::Duration RetryAfter(int64_t excess) const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  absl::Duration RetryAfterLocked(int64_t excess) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  mutable absl::Mutex mu_;
+  int64_t max_active_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, int64_t> max_depth_ ABSL_GUARDED_BY(mu_);
+  int64_t active_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_map<std::string, int64_t> queued_ ABSL_GUARDED_BY(mu_);
+  int64_t reserved_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_map<std::string, int64_t> reserved_by_type_ ABSL_GUARDED_BY(mu_);
+  // Drain rate: an exponential moving average of jobs finished per second, over 1 s buckets.
+  double drain_per_second_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t drained_in_bucket_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time bucket_start_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+};
+
+}  // namespace dispatchd::sched

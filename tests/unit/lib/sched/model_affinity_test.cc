@@ -1,0 +1,256 @@
+// Model affinity and VRAM: the test table of the LLM queue design (deepest queue wins the first
+// slot, FIFO within a type, concurrent batches when VRAM allows, a job queued mid-batch joins the
+// running batch, a crashing job releases its VRAM, a missing budget warns), then the bounded swap
+// budget that keeps affinity from starving anyone.
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "lib/sched/scheduler.h"
+
+namespace dispatchd::sched {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::SizeIs;
+
+const absl::Time kT0 = absl::FromUnixSeconds(1'700'000'000);
+
+// cover_letter and company_research as in the design's table: one batch (one job at a time) per
+// type, budgets 2.5 GB and 5 GB.
+config::Config LlmTypes() {
+  config::Config c;
+  c.types.push_back({.name = "cover_letter", .max_concurrency = 1, .model = "cover", .vram_gb = 2.5});
+  c.types.push_back(
+      {.name = "company_research", .max_concurrency = 1, .model = "research", .vram_gb = 5});
+  return c;
+}
+
+PendingJob Llm(const std::string& id, const std::string& type, int second) {
+  return {.id = id, .type = type, .arrival = kT0 + absl::Seconds(second)};
+}
+
+std::vector<std::string> Ids(const std::vector<Dispatch>& ds) {
+  std::vector<std::string> out;
+  for (const Dispatch& d : ds) out.push_back(d.job_id);
+  return out;
+}
+
+TEST(ModelAffinityTest, DeepestQueueWinsFirstSlot) {
+  Scheduler s(LlmTypes(), kT0);
+  // VRAM for one model at a time; research arrived first but cover_letter has the deeper queue.
+  s.AddWorker({.id = "gpu", .types = {"cover_letter", "company_research"}, .slots = 2, .vram_gb = 5});
+  for (int i = 0; i < 2; ++i) s.Enqueue(Llm("r" + std::to_string(i), "company_research", i));
+  for (int i = 0; i < 4; ++i) s.Enqueue(Llm("c" + std::to_string(i), "cover_letter", 10 + i));
+  std::vector<Dispatch> first = s.Decide(kT0 + absl::Seconds(20));
+  ASSERT_THAT(Ids(first), ElementsAre("c0"));
+  EXPECT_TRUE(first[0].loads_model);
+  // The second slot stays empty: research does not fit beside the cover model in use.
+  EXPECT_EQ(s.WhyWaiting("r0", kT0 + absl::Seconds(20)).reason, WaitReason::kVram);
+}
+
+TEST(ModelAffinityTest, FifoWithinType) {
+  Scheduler s(LlmTypes(), kT0);
+  s.AddWorker({.id = "gpu", .types = {"cover_letter"}, .slots = 1, .vram_gb = 8});
+  for (int i : {3, 1, 4, 0, 2}) s.Enqueue(Llm("c" + std::to_string(i), "cover_letter", i));
+  std::vector<std::string> order;
+  absl::Time now = kT0 + absl::Seconds(10);
+  for (int i = 0; i < 5; ++i) {
+    std::vector<Dispatch> d = s.Decide(now);
+    ASSERT_THAT(d, SizeIs(1));
+    order.push_back(d[0].job_id);
+    s.Finished(d[0].job_id, now, absl::Seconds(1));
+  }
+  EXPECT_THAT(order, ElementsAre("c0", "c1", "c2", "c3", "c4"));
+}
+
+TEST(ModelAffinityTest, ConcurrentBatchesWhenVramAllows) {
+  Scheduler s(LlmTypes(), kT0);
+  s.AddWorker({.id = "gpu", .types = {"cover_letter", "company_research"}, .slots = 2, .vram_gb = 7.5});
+  s.Enqueue(Llm("c0", "cover_letter", 0));
+  s.Enqueue(Llm("c1", "cover_letter", 1));
+  s.Enqueue(Llm("r0", "company_research", 2));
+  EXPECT_THAT(Ids(s.Decide(kT0 + absl::Seconds(5))), ElementsAre("c0", "r0"));
+  EXPECT_THAT(s.Workers()[0].models_resident, ElementsAre("cover", "research"));
+  EXPECT_DOUBLE_EQ(s.Workers()[0].vram_in_use_gb, 7.5);
+}
+
+TEST(ModelAffinityTest, JobQueuedMidBatchJoinsTheRunningBatch) {
+  Scheduler s(LlmTypes(), kT0);
+  s.AddWorker({.id = "gpu", .types = {"cover_letter", "company_research"}, .slots = 1, .vram_gb = 5});
+  s.Enqueue(Llm("c0", "cover_letter", 0));
+  s.Enqueue(Llm("c1", "cover_letter", 1));
+  s.Enqueue(Llm("r0", "company_research", 2));
+  absl::Time now = kT0 + absl::Seconds(5);
+  ASSERT_THAT(Ids(s.Decide(now)), ElementsAre("c0"));
+  // While the cover batch runs, research grows deeper and one more cover letter arrives.
+  s.Enqueue(Llm("r1", "company_research", 6));
+  s.Enqueue(Llm("r2", "company_research", 7));
+  s.Enqueue(Llm("c2", "cover_letter", 8));
+  std::vector<std::string> order = {"c0"};
+  for (int i = 0; i < 5; ++i) {
+    now += absl::Seconds(1);
+    s.Finished(order.back(), now, absl::Seconds(1));
+    std::vector<Dispatch> d = s.Decide(now);
+    ASSERT_THAT(d, SizeIs(1));
+    order.push_back(d[0].job_id);
+  }
+  EXPECT_THAT(order, ElementsAre("c0", "c1", "c2", "r0", "r1", "r2"));
+  EXPECT_EQ(s.Workers()[0].model_loads, 2);
+}
+
+TEST(ModelAffinityTest, CrashingJobReleasesItsVram) {
+  Scheduler s(LlmTypes(), kT0);
+  s.AddWorker({.id = "gpu", .types = {"cover_letter", "company_research"}, .slots = 2, .vram_gb = 5});
+  s.Enqueue(Llm("c0", "cover_letter", 0));
+  s.Enqueue(Llm("r0", "company_research", 1));
+  absl::Time now = kT0 + absl::Seconds(5);
+  ASSERT_THAT(Ids(s.Decide(now)), ElementsAre("c0"));
+  EXPECT_DOUBLE_EQ(s.Workers()[0].vram_in_use_gb, 2.5);
+  // The job fails (no observation): its VRAM is released once, and research loads.
+  s.Finished("c0", now);
+  EXPECT_DOUBLE_EQ(s.Workers()[0].vram_in_use_gb, 0);
+  ASSERT_THAT(Ids(s.Decide(now)), ElementsAre("r0"));
+  // The worker process dies: its job comes back and nothing stays reserved.
+  EXPECT_THAT(s.RemoveWorker("gpu"), ElementsAre("r0"));
+  s.AddWorker({.id = "gpu", .types = {"cover_letter", "company_research"}, .slots = 2, .vram_gb = 5});
+  EXPECT_DOUBLE_EQ(s.Workers()[0].vram_in_use_gb, 0);
+  EXPECT_EQ(s.running_of_type("company_research"), 0);
+}
+
+TEST(ModelAffinityTest, MissingBudgetWarnsAndCountsAsZero) {
+  config::Config c = LlmTypes();
+  c.types.push_back({.name = "wizard_generate", .model = "wizard"});
+  ASSERT_TRUE(c.Validate().ok());
+  std::vector<std::string> warnings = c.Warnings();
+  ASSERT_THAT(warnings, SizeIs(1));
+  EXPECT_THAT(warnings[0], HasSubstr("wizard_generate"));
+  EXPECT_THAT(warnings[0], HasSubstr("0 GB"));
+  // Counts as 0: it fits beside a model that fills the worker.
+  Scheduler s(c, kT0);
+  s.AddWorker({.id = "gpu", .types = {"company_research", "wizard_generate"}, .slots = 2, .vram_gb = 5});
+  s.Enqueue(Llm("r0", "company_research", 0));
+  s.Enqueue(Llm("w0", "wizard_generate", 1));
+  EXPECT_THAT(Ids(s.Decide(kT0 + absl::Seconds(2))), ElementsAre("r0", "w0"));
+}
+
+TEST(ModelAffinityTest, ModelBiggerThanAnyWorkerIsNeverPlacedAndSaysSo) {
+  Scheduler s(LlmTypes(), kT0);
+  s.AddWorker({.id = "small", .types = {"company_research"}, .slots = 1, .vram_gb = 4});
+  s.Enqueue(Llm("r0", "company_research", 0));
+  EXPECT_THAT(s.Decide(kT0), IsEmpty());
+  EXPECT_EQ(s.WhyWaiting("r0", kT0).reason, WaitReason::kNoWorker);
+}
+
+TEST(ModelAffinityTest, PrefersAWorkerWithTheModelResident) {
+  Scheduler s(LlmTypes(), kT0);
+  s.AddWorker({.id = "a", .types = {"cover_letter"}, .slots = 1, .vram_gb = 8});
+  s.AddWorker({.id = "b", .types = {"cover_letter"}, .slots = 1, .vram_gb = 8,
+               .models_resident = {"cover"}});
+  s.Enqueue(Llm("c0", "cover_letter", 0));
+  std::vector<Dispatch> d = s.Decide(kT0);
+  // Worker a ranks first, but it would have to load the model; b has it loaded.
+  ASSERT_THAT(d, SizeIs(1));
+  EXPECT_EQ(d[0].worker_id, "b");
+  EXPECT_FALSE(d[0].loads_model);
+}
+
+// Four models, 250 jobs each, interleaved as many users would submit them; two workers with VRAM
+// for one model each; jobs of 1 s. Affinity loads each model about once, where a plain FIFO
+// queue swaps on nearly every job.
+struct SwapRun {
+  int64_t loads = 0;
+  absl::Duration makespan;
+  absl::Duration worst_wait_m5;
+};
+
+SwapRun RunSwaps(const std::string& policy, bool with_fifth_model) {
+  config::Config c;
+  c.scheduler.policy = policy;
+  std::vector<std::string> types;
+  for (int m = 1; m <= 5; ++m) {
+    std::string name = "llm" + std::to_string(m);
+    types.push_back(name);
+    c.types.push_back({.name = name,
+                       .model = "m" + std::to_string(m),
+                       .vram_gb = 20,
+                       .max_affinity_wait = absl::Seconds(30)});
+  }
+  Scheduler s(c, kT0);
+  for (const char* w : {"gpu0", "gpu1"}) {
+    s.AddWorker({.id = w, .types = types, .slots = 1, .vram_gb = 24});
+  }
+  int n = 0;
+  for (int i = 0; i < 250; ++i) {
+    for (int m = 1; m <= 4; ++m) {
+      s.Enqueue({.id = "a" + std::to_string(n), .type = "llm" + std::to_string(m),
+                 .fairness_key = "A", .arrival = kT0 + absl::Microseconds(n)});
+      ++n;
+    }
+  }
+  SwapRun out;
+  std::map<std::string, std::pair<absl::Time, absl::Time>> running;  // id -> (arrival, end)
+  std::map<std::string, absl::Time> m5_arrival;
+  const absl::Duration job = absl::Seconds(1), load = absl::Seconds(5);
+  absl::Time now = kT0, last_end = kT0;
+  int m5 = 0;
+  absl::Time next_m5 = kT0 + absl::Seconds(10);
+  while (now < kT0 + absl::Hours(2)) {
+    if (with_fifth_model && next_m5 <= now && m5 < 40) {
+      std::string id = "b" + std::to_string(m5++);
+      s.Enqueue({.id = id, .type = "llm5", .fairness_key = "B", .arrival = now});
+      m5_arrival[id] = now;
+      next_m5 = now + absl::Seconds(15);
+    }
+    for (auto it = running.begin(); it != running.end();) {
+      if (it->second.second <= now) {
+        s.Finished(it->first, now, job);
+        last_end = std::max(last_end, now);
+        it = running.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    for (const Dispatch& d : s.Decide(now)) {
+      if (auto a = m5_arrival.find(d.job_id); a != m5_arrival.end()) {
+        out.worst_wait_m5 = std::max(out.worst_wait_m5, now - a->second);
+      }
+      running[d.job_id] = {now, now + job + (d.loads_model ? load : absl::ZeroDuration())};
+    }
+    if (s.pending_count() == 0 && running.empty() && (!with_fifth_model || m5 == 40)) break;
+    now += absl::Milliseconds(100);
+  }
+  for (const WorkerView& w : s.Workers()) out.loads += w.model_loads;
+  out.makespan = last_end - kT0;
+  return out;
+}
+
+TEST(ModelAffinityTest, FourModelsOnTwoWorkersLoadEachModelAboutOnce) {
+  SwapRun fair = RunSwaps("fair", false);
+  SwapRun fifo = RunSwaps("fifo", false);
+  std::printf("loads: fair %lld, fifo %lld; makespan: fair %s, fifo %s\n",
+              static_cast<long long>(fair.loads), static_cast<long long>(fifo.loads),
+              absl::FormatDuration(fair.makespan).c_str(),
+              absl::FormatDuration(fifo.makespan).c_str());
+  // One client's backlog: every job's key is the same, so affinity never yields to an overdue
+  // job of the same key, and each model loads about once. FIFO swaps on nearly every job.
+  EXPECT_LE(fair.loads, 8);
+  EXPECT_GT(fifo.loads, 900);
+  EXPECT_LT(fair.makespan, fifo.makespan);
+}
+
+TEST(ModelAffinityTest, StreamingFifthModelWaitsAtMostTheSwapBudgetPlusOneJob) {
+  SwapRun fair = RunSwaps("fair", true);
+  std::printf("loads %lld, worst wait of the fifth model's jobs %s\n",
+              static_cast<long long>(fair.loads), absl::FormatDuration(fair.worst_wait_m5).c_str());
+  // max_affinity_wait (30 s) + one job (1 s) + its model load (5 s) + one decision tick.
+  EXPECT_LE(fair.worst_wait_m5, absl::Seconds(36) + absl::Milliseconds(100));
+}
+
+}  // namespace
+}  // namespace dispatchd::sched
