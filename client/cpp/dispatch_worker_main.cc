@@ -334,6 +334,11 @@ int Main(int argc, char** argv) {
                  "Jobs run at once; more are refused RESOURCE_EXHAUSTED (default: --slots)")
       ->check(CLI::PositiveNumber);
   app.add_option("--labels", labels_flag, "Placement labels k=v,k2=v2");
+  double gpu_memory_gb = 0;
+  app.add_option("--gpu-memory-gb", gpu_memory_gb,
+                 "Report one GPU with this much memory (GB): the daemon then loads only models "
+                 "whose vram_gb fit in it (default: report none, no VRAM limit)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--journal", journal_path,
                  "Append `start job=J attempt=N ms=T` / `end job=J attempt=N ok=0|1 ms=T` lines");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error|critical|off")
@@ -383,6 +388,9 @@ int Main(int argc, char** argv) {
   }
   if (options.types.empty()) return UsageError("--types: at least one type is required");
   options.slots = slots;
+  if (gpu_memory_gb > 0) {
+    options.gpus.push_back({.id = "0", .memory_total_bytes = static_cast<int64_t>(gpu_memory_gb * 1e9)});
+  }
   options.max_concurrent = max_concurrent;
   for (absl::string_view kv : absl::StrSplit(labels_flag, ',', absl::SkipWhitespace())) {
     std::pair<absl::string_view, absl::string_view> p = absl::StrSplit(kv, absl::MaxSplits('=', 1));

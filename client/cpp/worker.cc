@@ -280,6 +280,11 @@ bool Worker::RunSession() {
   for (const std::string& t : options_.types) hello.add_types(t);
   hello.set_slots(options_.slots);
   for (const auto& [k, v] : options_.labels) (*hello.mutable_labels())[k] = v;
+  for (const WorkerOptions::Gpu& g : options_.gpus) {
+    v1::Gpu* gpu = hello.add_gpus();
+    gpu->set_id(g.id);
+    gpu->set_memory_total_bytes(g.memory_total_bytes);
+  }
   {
     absl::MutexLock l(&mu_);
     if (shutdown_) return false;
@@ -552,6 +557,11 @@ v1::WorkerMessage Worker::HeartbeatLocked() const {
     held->set_attempt(key.second);
   }
   for (const std::string& model : models_resident_) hb->add_models_resident(model);
+  for (const WorkerOptions::Gpu& g : options_.gpus) {
+    v1::Gpu* gpu = hb->add_gpus();
+    gpu->set_id(g.id);
+    gpu->set_memory_total_bytes(g.memory_total_bytes);
+  }
   return m;
 }
 

@@ -50,6 +50,13 @@ struct WorkerOptions {
   std::map<std::string, std::string> labels;
   // Models loaded at start (see Worker::SetModelsResident to change them later).
   std::vector<std::string> models_resident;
+  // GPUs on this host, reported in Hello and heartbeats. The daemon places a model on this
+  // worker only if the VRAM of its models fits in their total memory; none reported: no limit.
+  struct Gpu {
+    std::string id;
+    int64_t memory_total_bytes = 0;
+  };
+  std::vector<Gpu> gpus;
   // Reconnect backoff bounds (exponential with jitter).
   absl::Duration reconnect_min = absl::Milliseconds(100);
   absl::Duration reconnect_max = absl::Seconds(5);
