@@ -1,5 +1,7 @@
 #include "lib/sched/cost_estimator.h"
 
+#include <cmath>
+
 namespace dispatchd::sched {
 
 double CostEstimator::Estimate(const std::string& type, const std::string& resource,
@@ -13,6 +15,7 @@ double CostEstimator::Estimate(const std::string& type, const std::string& resou
 void CostEstimator::Observe(const std::string& type, const std::string& resource,
                             absl::Duration wall, double default_cost, absl::Time now) {
   double observed = absl::ToDoubleSeconds(wall);
+  if (!std::isfinite(observed)) return;  // an unknown start: nothing learned
   if (observed < 0) observed = 0;
   auto [it, fresh] = estimates_.try_emplace(std::make_pair(type, resource), Entry{default_cost, now});
   Entry& e = it->second;

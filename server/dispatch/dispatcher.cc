@@ -348,7 +348,7 @@ void Dispatcher::Sweep(absl::Time now) {
     std::string worker = e.job.worker_id;
     int32_t attempt = e.job.attempt;
     SendCancel(worker, id, attempt, "timeout");
-    scheduler_.Finished(id, now, now - e.job.started_at);
+    scheduler_.Finished(id, now, RanSince(e.job.started_at, now));
     server::Log("dispatch")->warn("timeout job={} attempt={} worker={}", id, attempt, worker);
     FailAttempt(e, attempt,
                 absl::StrCat("timeout: attempt ", attempt, " ran longer than ",
@@ -521,8 +521,9 @@ void Dispatcher::OnResult(const std::string& worker_id, const v1::Result& result
   }
   Entry& e = it->second;
   const std::string job_id = e.job.id;
-  const absl::Duration ran = result.has_run_time() ? convert::FromProto(result.run_time())
-                                                   : now - e.job.started_at;
+  const std::optional<absl::Duration> ran =
+      result.has_run_time() ? std::optional(convert::FromProto(result.run_time()))
+                            : RanSince(e.job.started_at, now);
   if (result.has_failure()) {
     scheduler_.Finished(job_id, now, ran);
     FailAttempt(e, result.attempt(), result.failure().message(), result.failure().retryable(),
@@ -682,6 +683,11 @@ sched::PendingJob Dispatcher::ToPending(const job::Job& job) const {
                            .labels = job.spec.labels,
                            .not_before = job.spec.not_before,
                            .arrival = job.created_at};
+}
+
+std::optional<absl::Duration> Dispatcher::RanSince(absl::Time started_at, absl::Time now) {
+  if (started_at == absl::InfinitePast() || started_at > now) return std::nullopt;
+  return now - started_at;
 }
 
 sched::PlacedJob Dispatcher::ToPlaced(const job::Job& job, const std::string& worker_id) const {

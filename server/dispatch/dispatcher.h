@@ -122,6 +122,8 @@ class Dispatcher {
                   const std::string& reason);
   sched::PendingJob ToPending(const job::Job& job) const;
   sched::PlacedJob ToPlaced(const job::Job& job, const std::string& worker_id) const;
+  // How long an attempt that started at `started_at` has run, if that is known.
+  static std::optional<absl::Duration> RanSince(absl::Time started_at, absl::Time now);
   const config::JobTypeConfig* TypeOf(const job::Job& job) const;
   // The worker id of the session whose link this is, or empty.
   std::string WorkerIdOf(const std::shared_ptr<WorkerLink>& link) const;
