@@ -165,10 +165,7 @@ void Scheduler::UpdateConfig(const config::Config& config, absl::Time now) {
   for (Job* j : queued) RemoveFromLane(*j);
   ApplyConfig(config, now);
   for (Job* j : queued) {
-    const config::JobTypeConfig& cfg = j->type->cfg;
-    j->conflict = (cfg.conflict_group.empty() || j->resource.empty())
-                      ? std::string()
-                      : absl::StrCat(cfg.conflict_group, std::string(1, kConflictSep), j->resource);
+    j->conflict = ConflictKey(*j->type, j->resource);
     AddToLane(*j);
   }
 }
@@ -360,10 +357,7 @@ void Scheduler::Enqueue(PendingJob p) {
   j.attempt = p.attempt;
   j.type = &TypeFor(p.type);
   j.resource = std::move(p.resource_id);
-  const std::string& group = j.type->cfg.conflict_group;
-  if (!group.empty() && !j.resource.empty()) {
-    j.conflict = absl::StrCat(group, std::string(1, kConflictSep), j.resource);
-  }
+  j.conflict = ConflictKey(*j.type, j.resource);
   j.key = &KeyFor(p.fairness_key);
   j.labels = std::move(p.labels);
   j.ord = Ord{p.arrival, next_seq_++};
@@ -554,13 +548,7 @@ void Scheduler::AddWorker(const WorkerSpec& spec) {
       if (job->where != Job::Where::kPlaced || job->worker != nullptr || job->worker_id != spec.id) {
         continue;
       }
-      job->worker = &w;
-      w.jobs.insert(job.get());
-      ++w.busy;
-      if (job->model != nullptr && w.in_use[job->model]++ == 0) {
-        w.vram_in_use += job->model->vram;
-        w.resident.insert(job->model);
-      }
+      Attach(*job, w);
     }
   }
   UpdateAvailable(w);
@@ -850,44 +838,64 @@ Scheduler::Choice Scheduler::ChooseFifo(WorkerState& w, absl::Time now) {
 void Scheduler::Place(Job& j, WorkerState* w, absl::Time now, bool loads_model) {
   TypeState& t = *j.type;
   // Charge the key before refiling, so that the lane files at its new cost.
-  j.charged = costs_.Estimate(t.name, j.resource, t.cfg.default_cost, now);
-  j.start_tag = j.key->cost;
-  j.key->cost += j.charged;
-  start_tags_.insert(j.start_tag);
-  last_virtual_time_ = *start_tags_.begin();
-
+  Charge(j, now);
   RemoveFromLane(j);
   --pending_count_;
-  ++placed_count_;
   --t.queued;
   --t.tier->queued;
   --j.key->pending;
-  ++j.key->placed;
-  j.where = Job::Where::kPlaced;
-  j.worker = w;
-  j.worker_id = w->spec.id;
-  j.model = t.model;
-  ++t.running;
-  ++t.tier->running;
-  if (!j.conflict.empty() && conflicts_running_[j.conflict]++ == 0) {
-    SetConflictBusy(j.conflict, true);
-  }
+  if (t.model != nullptr) --t.model->queued;
+  Occupy(j, w->spec.id);
   if (t.bucket != nullptr) {
     bool took = t.bucket->TryTake(now);
     DISPATCHD_CHECK(took, "placed a job whose bucket was empty");
   }
   if (t.model != nullptr) {
-    --t.model->queued;
-    ++t.model->running;
     t.model->last_served = now;
     if (loads_model) LoadModel(*w, t.model);
-    if (w->in_use[t.model]++ == 0) w->vram_in_use += t.model->vram;
-    w->resident.insert(t.model);
     if (w->swap_to == t.model) w->swap_to = nullptr;
   }
-  w->jobs.insert(&j);
-  ++w->busy;
-  UpdateAvailable(*w);
+  Attach(j, *w);
+}
+
+void Scheduler::Charge(Job& j, absl::Time now) {
+  j.charged = costs_.Estimate(j.type->name, j.resource, j.type->cfg.default_cost, now);
+  j.start_tag = j.key->cost;
+  j.key->cost += j.charged;
+  start_tags_.insert(j.start_tag);
+  last_virtual_time_ = *start_tags_.begin();
+}
+
+void Scheduler::Occupy(Job& j, const std::string& worker_id) {
+  TypeState& t = *j.type;
+  ++placed_count_;
+  ++j.key->placed;
+  j.where = Job::Where::kPlaced;
+  j.worker_id = worker_id;
+  j.model = t.model;
+  ++t.running;
+  ++t.tier->running;
+  if (t.model != nullptr) ++t.model->running;
+  if (!j.conflict.empty() && conflicts_running_[j.conflict]++ == 0) {
+    SetConflictBusy(j.conflict, true);
+  }
+}
+
+void Scheduler::Attach(Job& j, WorkerState& w) {
+  j.worker = &w;
+  w.jobs.insert(&j);
+  ++w.busy;
+  if (j.model != nullptr) {
+    if (w.in_use[j.model]++ == 0) w.vram_in_use += j.model->vram;
+    w.resident.insert(j.model);
+  }
+  UpdateAvailable(w);
+}
+
+std::string Scheduler::ConflictKey(const TypeState& type, const std::string& resource) {
+  const std::string& group = type.cfg.conflict_group;
+  if (group.empty() || resource.empty()) return "";
+  return absl::StrCat(group, std::string(1, kConflictSep), resource);
 }
 
 void Scheduler::Unplace(Job& j) {
@@ -948,41 +956,14 @@ void Scheduler::Adopt(const PlacedJob& p) {
   j.id = p.id;
   j.type = &TypeFor(p.type);
   j.resource = p.resource_id;
-  const std::string& group = j.type->cfg.conflict_group;
-  if (!group.empty() && !j.resource.empty()) {
-    j.conflict = absl::StrCat(group, std::string(1, kConflictSep), j.resource);
-  }
+  j.conflict = ConflictKey(*j.type, j.resource);
   j.key = &KeyFor(p.fairness_key);
   j.ord = Ord{last_now_, next_seq_++};
   jobs_.emplace(j.id, std::move(owned));
-  TypeState& t = *j.type;
   if (j.key->placed == 0 && j.key->pending == 0) ActivateKey(*j.key);
-  j.charged = costs_.Estimate(t.name, j.resource, t.cfg.default_cost, last_now_);
-  j.start_tag = j.key->cost;
-  j.key->cost += j.charged;
-  start_tags_.insert(j.start_tag);
-  ++placed_count_;
-  ++j.key->placed;
-  j.where = Job::Where::kPlaced;
-  j.worker_id = p.worker_id;
-  j.model = t.model;
-  ++t.running;
-  ++t.tier->running;
-  if (t.model != nullptr) ++t.model->running;
-  if (!j.conflict.empty() && conflicts_running_[j.conflict]++ == 0) {
-    SetConflictBusy(j.conflict, true);
-  }
-  if (auto w = workers_.find(p.worker_id); w != workers_.end()) {
-    WorkerState& ws = *w->second;
-    j.worker = &ws;
-    ws.jobs.insert(&j);
-    ++ws.busy;
-    if (t.model != nullptr) {
-      if (ws.in_use[t.model]++ == 0) ws.vram_in_use += t.model->vram;
-      ws.resident.insert(t.model);
-    }
-    UpdateAvailable(ws);
-  }
+  Charge(j, last_now_);
+  Occupy(j, p.worker_id);
+  if (auto w = workers_.find(p.worker_id); w != workers_.end()) Attach(j, *w->second);
 }
 
 void Scheduler::Retract(const std::string& job_id) {

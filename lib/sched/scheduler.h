@@ -313,7 +313,14 @@ class Scheduler {
 
   // Placement bookkeeping.
   void Place(Job& job, WorkerState* worker, absl::Time now, bool loads_model);
+  // Charges the job's estimated cost to its key.
+  void Charge(Job& job, absl::Time now);
+  // Counts a job that now holds capacity: caps, conflicts, model; not yet a worker slot.
+  void Occupy(Job& job, const std::string& worker_id);
+  // Puts a placed job on its worker: slot, VRAM in use, resident model.
+  void Attach(Job& job, WorkerState& worker);
   void Unplace(Job& job);
+  static std::string ConflictKey(const TypeState& type, const std::string& resource);
   void SetConflictBusy(const std::string& conflict, bool busy);
   void UpdateAvailable(WorkerState& w);
   bool ServesAndMatches(const WorkerState& w, const Group& g) const;

@@ -361,5 +361,50 @@ TEST(StatusTest, QueuedJobSaysWhyAndItsPlaceInLine) {
   ASSERT_THAT(stats.keys, SizeIs(2));
 }
 
+TEST(ReconfigureTest, NewRulesApplyToQueuedJobsAndBucketsKeepTheirTokens) {
+  config::Config c;
+  c.types.push_back({.name = "sync", .model = "m", .rate = {.per_second = 1, .burst = 3}});
+  Scheduler s(c, kT0);
+  s.AddWorker({.id = "w", .types = {"sync"}, .slots = 10});
+  for (int i = 0; i < 6; ++i) {
+    s.Enqueue({.id = absl::StrCat("j", i), .type = "sync", .resource_id = "repo", .arrival = kT0});
+  }
+  ASSERT_THAT(s.Decide(kT0), SizeIs(3));  // the burst
+  // Now the type joins a conflict group and a tier of 4, and the bucket grows: the queued jobs
+  // are refiled under the new rules, and the emptied bucket is not refilled by the change.
+  c.tiers = {{"fg", 4}};
+  c.types[0].tier = "fg";
+  c.types[0].conflict_group = "git";
+  c.types[0].rate = {.per_second = 100, .burst = 100};
+  s.UpdateConfig(c, kT0);
+  EXPECT_THAT(s.Decide(kT0), SizeIs(0));
+  // 10 ms later the bucket holds one token. The three jobs placed under the old rules hold no
+  // resource, so one new job takes "repo" and the rest wait on it, and the tier is then full.
+  std::vector<Dispatch> d = s.Decide(kT0 + absl::Milliseconds(10));
+  ASSERT_THAT(d, SizeIs(1));
+  EXPECT_EQ(s.WhyWaiting("j4", kT0 + absl::Seconds(1)).reason, WaitReason::kConflict);
+  SchedulerStats stats = s.Stats(kT0 + absl::Seconds(1));
+  ASSERT_THAT(stats.tiers, SizeIs(1));
+  EXPECT_EQ(stats.tiers[0].name, "fg");
+  EXPECT_EQ(stats.tiers[0].running, 4);
+  EXPECT_EQ(stats.tiers[0].cap, 4);
+  s.Finished(d[0].job_id, kT0 + absl::Seconds(1));
+  EXPECT_THAT(s.Decide(kT0 + absl::Seconds(1)), SizeIs(1));
+  EXPECT_EQ(s.WhyWaiting("j5", kT0 + absl::Seconds(1)).reason, WaitReason::kConflict);
+}
+
+TEST(FairQueuingTest, RetractedDispatchRefundsItsCost) {
+  Scheduler s(OneType(/*default_cost=*/5), kT0);
+  s.AddWorker({.id = "w", .types = {"gen"}, .slots = 1});
+  s.Enqueue({.id = "a", .type = "gen", .fairness_key = "A", .arrival = kT0});
+  ASSERT_THAT(s.Decide(kT0), SizeIs(1));
+  EXPECT_DOUBLE_EQ(s.KeyCost("A"), 5);
+  s.Retract("a");
+  EXPECT_DOUBLE_EQ(s.KeyCost("A"), 0);
+  EXPECT_FALSE(s.IsPlaced("a"));
+  s.Enqueue({.id = "a", .type = "gen", .fairness_key = "A", .arrival = kT0});
+  EXPECT_THAT(s.Decide(kT0), SizeIs(1));  // the slot came back
+}
+
 }  // namespace
 }  // namespace dispatchd::sched
