@@ -43,6 +43,9 @@ struct Scheduler::TierState {
   int64_t queued = 0;
   int64_t running = 0;
   std::vector<TypeState*> types;
+  // Fairness keys with a ready job in this tier, by accumulated cost (then address: equal costs
+  // are compared by their jobs' arrival when chosen).
+  std::set<std::pair<double, KeyState*>> keys;
 };
 
 struct Scheduler::ModelState {
@@ -71,9 +74,11 @@ struct Scheduler::Group {
   std::vector<std::pair<std::string, std::string>> labels;  // sorted
   std::string signature;
   absl::flat_hash_map<KeyState*, std::unique_ptr<Lane>> lanes;
-  std::set<LaneKey> order;                        // lanes with a ready job, fairness order
-  absl::btree_set<std::pair<Ord, Lane*>> by_age;  // the same lanes by their head's arrival
+  absl::btree_set<std::pair<Ord, Lane*>> by_age;  // lanes with a ready job, by their head's arrival
   int64_t ready = 0;                              // ready jobs in all lanes
+  // What the worker being decided for can do with this group (valid while stamp matches).
+  uint64_t stamp = 0;
+  Fit fit = Fit::kNo;
 };
 
 struct Scheduler::Lane {
@@ -83,9 +88,16 @@ struct Scheduler::Lane {
   // Conflict types only: every pending job of the lane by (conflict key, arrival).
   absl::btree_set<std::tuple<absl::string_view, Ord, Job*>> by_conflict;
   int64_t pending = 0;
-  bool filed = false;
-  LaneKey filed_key{};
+  bool filed = false;  // has a ready job: in its group's by_age and counted in its TierKey
   Ord aged_head{};
+};
+
+// A key's lanes in one tier, and its place in the tier's key order.
+struct Scheduler::TierKey {
+  std::vector<Lane*> lanes;
+  int ready_lanes = 0;
+  bool filed = false;
+  double filed_cost = 0;
 };
 
 struct Scheduler::KeyState {
@@ -95,6 +107,7 @@ struct Scheduler::KeyState {
   int64_t placed = 0;
   absl::Time idle_since = absl::InfinitePast();
   std::vector<Lane*> lanes;
+  absl::flat_hash_map<TierState*, std::unique_ptr<TierKey>> tiers;
 };
 
 struct Scheduler::Job {
@@ -254,6 +267,12 @@ void Scheduler::ApplyConfig(const config::Config& config, absl::Time now) {
   for (auto& [name, type] : types_) {
     if (type->tier == nullptr || !type->configured) type->tier = implicit;
   }
+  // Lanes follow their type's tier. UpdateConfig has emptied every lane, so none is filed.
+  for (auto& [value, tier] : tiers_) tier->keys.clear();
+  for (auto& [name, key] : keys_) {
+    key->tiers.clear();
+    for (Lane* lane : key->lanes) TierKeyFor(*key, *lane->group->type->tier).lanes.push_back(lane);
+  }
   // Recount tiers and models from the jobs: a type may have moved.
   for (auto& [name, m] : models_) m->queued = m->running = 0;
   for (auto& [id, job] : jobs_) {
@@ -342,8 +361,24 @@ Scheduler::Lane& Scheduler::LaneFor(Group& group, KeyState& key) {
     lane->group = &group;
     lane->key = &key;
     key.lanes.push_back(lane.get());
+    TierKeyFor(key, *group.type->tier).lanes.push_back(lane.get());
   }
   return *lane;
+}
+
+Scheduler::TierKey& Scheduler::TierKeyFor(KeyState& key, TierState& tier) {
+  std::unique_ptr<TierKey>& tk = key.tiers[&tier];
+  if (tk == nullptr) tk = std::make_unique<TierKey>();
+  return *tk;
+}
+
+void Scheduler::RefileKey(KeyState& key) {
+  for (auto& [tier, tk] : key.tiers) {
+    if (!tk->filed || tk->filed_cost == key.cost) continue;
+    tier->keys.erase({tk->filed_cost, &key});
+    tier->keys.insert({key.cost, &key});
+    tk->filed_cost = key.cost;
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -399,6 +434,7 @@ bool Scheduler::RemovePending(const std::string& job_id) {
 void Scheduler::ActivateKey(KeyState& key) {
   // A key back from idle starts at the virtual time: no credit banked while away.
   key.cost = std::max(key.cost, VirtualTime());
+  RefileKey(key);
 }
 
 void Scheduler::DeactivateKey(KeyState& key) { key.idle_since = last_now_; }
@@ -479,41 +515,52 @@ void Scheduler::ReadyErase(Lane& lane, Job& j) {
 
 void Scheduler::RefileLane(Lane& lane) {
   Group& g = *lane.group;
-  if (lane.ready.empty()) {
-    if (lane.filed) {
-      g.order.erase(lane.filed_key);
-      g.by_age.erase({lane.aged_head, &lane});
-      lane.filed = false;
-    }
-    return;
+  const bool ready = !lane.ready.empty();
+  if (lane.filed && ready && !(lane.aged_head < lane.ready.begin()->first) &&
+      !(lane.ready.begin()->first < lane.aged_head)) {
+    return;  // same head
   }
-  const Ord head = lane.ready.begin()->first;
-  LaneKey want{policy_ == "fifo" ? 0.0 : lane.key->cost, head, &lane};
-  if (lane.filed) {
-    if (lane.filed_key.cost == want.cost && !(lane.filed_key.head < head) &&
-        !(head < lane.filed_key.head)) {
-      return;
-    }
-    g.order.erase(lane.filed_key);
-    g.by_age.erase({lane.aged_head, &lane});
+  if (lane.filed) g.by_age.erase({lane.aged_head, &lane});
+  if (ready) {
+    lane.aged_head = lane.ready.begin()->first;
+    g.by_age.insert({lane.aged_head, &lane});
   }
-  g.order.insert(want);
-  g.by_age.insert({head, &lane});
-  lane.filed = true;
-  lane.filed_key = want;
-  lane.aged_head = head;
+  if (lane.filed == ready) return;
+  lane.filed = ready;
+  // The key is in its tier's order while any of its lanes there has a ready job.
+  TierState& tier = *g.type->tier;
+  TierKey& tk = TierKeyFor(*lane.key, tier);
+  if (ready && tk.ready_lanes++ == 0) {
+    tier.keys.insert({lane.key->cost, lane.key});
+    tk.filed = true;
+    tk.filed_cost = lane.key->cost;
+  } else if (!ready && --tk.ready_lanes == 0) {
+    tier.keys.erase({tk.filed_cost, lane.key});
+    tk.filed = false;
+  }
 }
 
-Scheduler::Lane* Scheduler::BestLane(Group& g) {
-  // Costs only grow between refiles (refunds refile eagerly), so a stale entry sorts too early,
-  // never too late: refiling the front until it is fresh yields the true minimum.
-  while (!g.order.empty()) {
-    const LaneKey& front = *g.order.begin();
-    double cost = policy_ == "fifo" ? 0.0 : front.lane->key->cost;
-    if (front.cost == cost) return front.lane;
-    RefileLane(*front.lane);
+Scheduler::Job* Scheduler::BestJob(TierState& tier, Fit fit, const ModelState* model) {
+  // Keys in cost order: the first key with a matching ready job wins, except that keys of the
+  // very same cost are compared by their jobs' arrival, as the order (cost, arrival) says.
+  Job* best = nullptr;
+  double best_cost = 0;
+  for (const auto& [cost, key] : tier.keys) {
+    if (best != nullptr && cost > best_cost) break;
+    TierKey& tk = *key->tiers.at(&tier);
+    for (Lane* lane : tk.lanes) {
+      if (lane->ready.empty()) continue;
+      const Group& g = *lane->group;
+      if (g.stamp != stamp_ || g.fit != fit) continue;
+      if (model != nullptr && g.type->model != model) continue;
+      Job* head = lane->ready.begin()->second;
+      if (best == nullptr || head->ord < best->ord) {
+        best = head;
+        best_cost = cost;
+      }
+    }
   }
-  return nullptr;
+  return best;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -743,16 +790,13 @@ Scheduler::Choice Scheduler::ChooseFor(WorkerState& w, absl::Time now) {
   struct LoadCandidate {
     ModelState* model;
     int64_t depth;
-    Group* best;
-    LaneKey best_key;
   };
   std::vector<LoadCandidate> loads;
+  ++stamp_;  // forget every group's fit from earlier decisions
   for (TierState* tier : tiers_desc_) {
-    if (tier->running >= tier->cap || tier->queued == 0) continue;
-    Group* resident = nullptr;
-    LaneKey resident_key{};
-    Group* starved = nullptr;
-    LaneKey starved_key{};
+    if (tier->running >= tier->cap || tier->queued == 0 || tier->keys.empty()) continue;
+    bool any_resident = false;
+    Job* starved = nullptr;  // the overdue job, of a model to load, whose key has used least
     loads.clear();
     for (TypeState* t : tier->types) {
       if (t->queued == 0 || !t->configured || t->running >= t->cfg.max_concurrency) continue;
@@ -760,57 +804,62 @@ Scheduler::Choice Scheduler::ChooseFor(WorkerState& w, absl::Time now) {
       if (t->bucket != nullptr && !t->bucket->Ready(now)) continue;
       for (auto& owned : t->groups) {
         Group* g = owned.get();
+        g->stamp = stamp_;
+        g->fit = Fit::kNo;
         if (g->ready == 0 || !ServesAndMatches(w, *g)) continue;
         if (Resident(w, t->model)) {
-          Lane* lane = BestLane(*g);
-          if (resident == nullptr || lane->filed_key < resident_key) {
-            resident = g;
-            resident_key = lane->filed_key;
-          }
+          g->fit = Fit::kResident;
+          any_resident = true;
           continue;
         }
-        Lane* lane = BestLane(*g);
-        if (Starved(*g, now) && (starved == nullptr || lane->filed_key < starved_key)) {
-          starved = g;
-          starved_key = lane->filed_key;
+        // Of the overdue lanes (the front of by_age), the one whose key has used least.
+        for (const auto& [head, lane] : g->by_age) {
+          if (now - head.arrival <= t->cfg.max_affinity_wait) break;
+          Job* j = lane->ready.begin()->second;
+          if (starved == nullptr || j->key->cost < starved->key->cost ||
+              (j->key->cost == starved->key->cost && j->ord < starved->ord)) {
+            starved = j;
+          }
         }
         if (!Fits(w, t->model)) continue;
+        g->fit = Fit::kLoad;
         auto it = std::find_if(loads.begin(), loads.end(),
                                [&](const LoadCandidate& c) { return c.model == t->model; });
         if (it == loads.end()) {
-          loads.push_back({t->model, g->ready, g, lane->filed_key});
+          loads.push_back({t->model, g->ready});
         } else {
           it->depth += g->ready;
-          if (lane->filed_key < it->best_key) {
-            it->best = g;
-            it->best_key = lane->filed_key;
-          }
         }
       }
     }
+    Job* resident = any_resident ? BestJob(*tier, Fit::kResident, nullptr) : nullptr;
     // An overdue job of another model takes the worker only if its key is owed service more
     // than the key the worker would serve instead: one client's backlog of many models never
     // makes the worker thrash, but a lighter client never waits much past max_affinity_wait.
-    if (starved != nullptr && (resident == nullptr || starved_key.cost < resident_key.cost)) {
+    if (starved != nullptr && (resident == nullptr || starved->key->cost < resident->key->cost)) {
       ModelState* m = starved->type->model;
       if (!Fits(w, m)) {
         w.swap_to = m;  // stop feeding the models in use so that they drain
         return {};
       }
-      Lane* lane = starved->by_age.begin()->second;
-      return {lane->ready.begin()->second, true};
+      return {starved, true};
     }
-    if (resident != nullptr) return {resident_key.lane->ready.begin()->second, false};
+    if (resident != nullptr) return {resident, false};
     if (!loads.empty()) {
       // Load the model with the deepest queue this worker can serve; ties go by order.
-      const LoadCandidate* pick = &loads.front();
+      Job* pick = nullptr;
+      int64_t depth = 0;
       for (const LoadCandidate& c : loads) {
-        if (c.depth > pick->depth || (c.depth == pick->depth && c.best_key < pick->best_key)) {
-          pick = &c;
+        if (c.depth < depth) continue;
+        Job* j = BestJob(*tier, Fit::kLoad, c.model);
+        if (j == nullptr) continue;
+        if (pick == nullptr || c.depth > depth || j->key->cost < pick->key->cost ||
+            (j->key->cost == pick->key->cost && j->ord < pick->ord)) {
+          pick = j;
+          depth = c.depth;
         }
       }
-      Lane* lane = BestLane(*pick->best);
-      return {lane->ready.begin()->second, true};
+      if (pick != nullptr) return {pick, true};
     }
   }
   return {};
@@ -862,6 +911,7 @@ void Scheduler::Charge(Job& j, absl::Time now) {
   j.charged = costs_.Estimate(j.type->name, j.resource, j.type->cfg.default_cost, now);
   j.start_tag = j.key->cost;
   j.key->cost += j.charged;
+  RefileKey(*j.key);
   start_tags_.insert(j.start_tag);
   last_virtual_time_ = *start_tags_.begin();
 }
@@ -974,10 +1024,9 @@ void Scheduler::Retract(const std::string& job_id) {
   double refund = j.charged;
   Unplace(j);
   jobs_.erase(it);
-  // The job did not run: give its cost back, and refile the key's lanes (a decrease is never
-  // repaired lazily by BestLane).
+  // The job did not run: give its cost back.
   key.cost -= refund;
-  for (Lane* lane : key.lanes) RefileLane(*lane);
+  RefileKey(key);
 }
 
 void Scheduler::Refused(const std::string& job_id) {
@@ -1065,11 +1114,19 @@ WaitInfo Scheduler::WhyWaiting(const std::string& job_id, absl::Time now) const 
     for (const auto& [conflict, ord, other] : lane.by_conflict) info.position += ord < j.ord;
   }
   if (lane.filed) {
-    for (const LaneKey& k : lane.group->order) {
-      if (k.lane == &lane) break;
-      ++info.keys_ahead;
+    // Keys served before this job's key in its tier that have ready jobs of the same group.
+    const TierState& tier = *lane.group->type->tier;
+    for (const auto& [cost, key] : tier.keys) {
+      if (key == j.key || cost > j.key->cost) break;
+      for (const Lane* other : key->tiers.at(const_cast<TierState*>(&tier))->lanes) {
+        if (other->group == lane.group && other->filed) {
+          ++info.keys_ahead;
+          break;
+        }
+      }
     }
   }
+
   if (!j.conflict.empty() && !j.in_ready) {
     info.reason = conflicts_running_.contains(j.conflict) ? WaitReason::kConflict
                                                           : WaitReason::kInLine;
@@ -1089,15 +1146,15 @@ absl::Time Scheduler::NextWakeup(absl::Time now) const {
   return std::max(next, now);
 }
 
-SchedulerStats Scheduler::Stats(absl::Time now) const {
+SchedulerStats Scheduler::Stats(absl::Time now, size_t max_keys) const {
   SchedulerStats s;
   s.virtual_time = VirtualTime();
   // The best-ordered ready group of a type, or null.
   auto head_of = [&](const TypeState& t) -> WaitReason {
     const Group* best = nullptr;
     for (const auto& g : t.groups) {
-      if (g->order.empty()) continue;
-      if (best == nullptr || *g->order.begin() < *best->order.begin()) best = g.get();
+      if (g->by_age.empty()) continue;
+      if (best == nullptr || g->by_age.begin()->first < best->by_age.begin()->first) best = g.get();
     }
     if (best != nullptr) return WhyGroupWaits(*best, now);
     if (t.queued == 0) return WaitReason::kNone;
@@ -1155,18 +1212,31 @@ SchedulerStats Scheduler::Stats(absl::Time now) const {
   for (auto& [name, m] : models) s.models.push_back(m);
   std::sort(s.models.begin(), s.models.end(),
             [](const auto& a, const auto& b) { return a.name < b.name; });
-  for (const auto& [name, key] : keys_) {
-    SchedulerStats::Key out{name, key->pending, key->placed, key->cost};
-    const LaneKey* best = nullptr;
+  // Keys: the `max_keys` lowest-cost ones, each group's reason worked out once.
+  std::vector<const KeyState*> keys;
+  keys.reserve(keys_.size());
+  for (const auto& [name, key] : keys_) keys.push_back(key.get());
+  s.keys_total = static_cast<int64_t>(keys.size());
+  auto by_cost = [](const KeyState* a, const KeyState* b) {
+    return a->cost != b->cost ? a->cost < b->cost : a->name < b->name;
+  };
+  size_t n = std::min(keys.size(), max_keys);
+  std::partial_sort(keys.begin(), keys.begin() + n, keys.end(), by_cost);
+  absl::flat_hash_map<const Group*, WaitReason> group_reasons;
+  for (size_t i = 0; i < n; ++i) {
+    const KeyState* key = keys[i];
+    SchedulerStats::Key out{key->name, key->pending, key->placed, key->cost};
+    const Lane* best = nullptr;
     for (const Lane* lane : key->lanes) {
-      if (lane->filed && (best == nullptr || lane->filed_key < *best)) best = &lane->filed_key;
+      if (lane->filed && (best == nullptr || lane->aged_head < best->aged_head)) best = lane;
     }
-    if (best != nullptr) out.head = WhyGroupWaits(*best->lane->group, now);
+    if (best != nullptr) {
+      auto [it, fresh] = group_reasons.try_emplace(best->group, WaitReason::kNone);
+      if (fresh) it->second = WhyGroupWaits(*best->group, now);
+      out.head = it->second;
+    }
     s.keys.push_back(out);
   }
-  std::sort(s.keys.begin(), s.keys.end(), [](const auto& a, const auto& b) {
-    return a.cost != b.cost ? a.cost < b.cost : a.name < b.name;
-  });
   return s;
 }
 

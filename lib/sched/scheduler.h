@@ -138,6 +138,7 @@ struct SchedulerStats {
   std::vector<Type> types;    // by name
   std::vector<Model> models;  // by name
   std::vector<Key> keys;      // by accumulated cost, lowest first
+  int64_t keys_total = 0;     // fairness keys known, also those left out of `keys`
   double virtual_time = 0;
 };
 
@@ -246,7 +247,8 @@ class Scheduler {
   // next token of a bucket that holds work back, or the next housekeeping; InfiniteFuture if none.
   absl::Time NextWakeup(absl::Time now) const;
 
-  SchedulerStats Stats(absl::Time now) const;
+  // A snapshot for operators; `keys` holds the `max_keys` lowest-cost fairness keys.
+  SchedulerStats Stats(absl::Time now, size_t max_keys = SIZE_MAX) const;
 
   size_t pending_count() const { return pending_count_; }
   size_t placed_count() const { return placed_count_; }
@@ -280,18 +282,10 @@ class Scheduler {
       return a.arrival < b.arrival || (a.arrival == b.arrival && a.seq < b.seq);
     }
   };
-  // A lane's place in its group: (cost of its key when filed, its head's arrival). Filed costs go
-  // stale when the key's cost grows; BestLane refiles stale entries lazily.
-  struct LaneKey {
-    double cost;
-    Ord head;
-    Lane* lane;
-    friend bool operator<(const LaneKey& a, const LaneKey& b) {
-      if (a.cost != b.cost) return a.cost < b.cost;
-      if (a.head < b.head || b.head < a.head) return a.head < b.head;
-      return a.lane < b.lane;
-    }
-  };
+  // What a worker can do with a group's jobs: nothing, run them (model resident or none), or run
+  // them after loading the model.
+  enum class Fit { kNo, kResident, kLoad };
+  struct TierKey;
 
   TypeState& TypeFor(const std::string& name);
   KeyState& KeyFor(const std::string& name);
@@ -306,7 +300,12 @@ class Scheduler {
   void ReadyInsert(Lane& lane, Job& job);
   void ReadyErase(Lane& lane, Job& job);
   void RefileLane(Lane& lane);
-  Lane* BestLane(Group& group);
+  TierKey& TierKeyFor(KeyState& key, TierState& tier);
+  // Moves the key to its cost in every tier order it is in.
+  void RefileKey(KeyState& key);
+  // The first job in (cost, arrival) order among groups of `tier` whose fit for the worker being
+  // decided for is `fit` (and of `model`, unless null); null if none.
+  Job* BestJob(TierState& tier, Fit fit, const ModelState* model);
   void ActivateKey(KeyState& key);
   void DeactivateKey(KeyState& key);
   void PromoteDue(absl::Time now);
@@ -363,6 +362,7 @@ class Scheduler {
   double last_virtual_time_ = 0;
   CostEstimator costs_;
   uint64_t next_seq_ = 0;
+  uint64_t stamp_ = 0;  // one per ChooseFor: marks which groups' `fit` is current
   size_t pending_count_ = 0;
   size_t placed_count_ = 0;
 };
