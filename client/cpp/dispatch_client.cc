@@ -54,8 +54,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(absl::string_view addres
   }
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);  // results are bounded by the daemon, not by gRPC's 4 MiB
-  std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
-      std::string(address), grpc::InsecureChannelCredentials(), args);
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateCustomChannel(std::string(address), grpc::InsecureChannelCredentials(), args);
   return FromChannel(std::move(channel), options);
 }
 
@@ -147,6 +147,16 @@ absl::StatusOr<v1::ListWorkersResponse> Client::ListWorkers() {
   SetDeadline(context, options_.default_deadline);
   v1::ListWorkersResponse response;
   grpc::Status status = admin_->ListWorkers(&context, v1::ListWorkersRequest(), &response);
+  if (!status.ok()) return FromGrpcStatus(status, &context);
+  return response;
+}
+
+absl::StatusOr<v1::SetRateLimitResponse> Client::SetRateLimit(
+    const v1::SetRateLimitRequest& request) {
+  grpc::ClientContext context;
+  SetDeadline(context, options_.default_deadline);
+  v1::SetRateLimitResponse response;
+  grpc::Status status = admin_->SetRateLimit(&context, request, &response);
   if (!status.ok()) return FromGrpcStatus(status, &context);
   return response;
 }

@@ -16,12 +16,12 @@
 #include <optional>
 #include <string>
 
-#include <grpcpp/grpcpp.h>
-
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include <grpcpp/grpcpp.h>
+
 #include "dispatchd/v1/admin_service.grpc.pb.h"
 #include "dispatchd/v1/job_service.grpc.pb.h"
 
@@ -30,7 +30,7 @@ namespace dispatchd::client {
 namespace v1 = ::dispatchd::v1;
 
 struct ClientOptions {
-  // Deadline of each unary call (Submit, Status, Cancel, Stats, ListWorkers).
+  // Deadline of each unary call (Submit, Status, Cancel, Stats, ListWorkers, SetRateLimit).
   absl::Duration default_deadline = absl::Seconds(10);
 };
 
@@ -73,10 +73,14 @@ class Client {
   // passes (DEADLINE_EXCEEDED), or the call fails.
   absl::Status Watch(absl::string_view job_id, const std::function<void(const v1::Job&)>& on_event,
                      absl::Duration wait = absl::Hours(24));
-  // Job counts by type and state, and worker totals.
+  // Job counts by type and state, worker totals, and the scheduler's queues per tier, type,
+  // model and fairness key.
   absl::StatusOr<v1::StatsResponse> Stats();
   // Connected workers.
   absl::StatusOr<v1::ListWorkersResponse> ListWorkers();
+  // Changes or clears a model's rate limit until the daemon's next config load. INVALID_ARGUMENT
+  // for a bad request, NOT_FOUND if no configured type uses the model.
+  absl::StatusOr<v1::SetRateLimitResponse> SetRateLimit(const v1::SetRateLimitRequest& request);
 
  private:
   Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options);

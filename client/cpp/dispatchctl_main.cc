@@ -2,10 +2,10 @@
 //
 //   dispatchctl submit --type echo --payload hello
 //   dispatchctl --json status 0f3c...
+//   dispatchctl stats
+//   dispatchctl set-rate-limit llama-70b --rpm 30 --burst 5
 //
 // Exit codes are listed in kExitCodes below, in --help, and in client/cpp/README.md.
-
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -19,9 +19,6 @@
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
-#include <google/protobuf/util/json_util.h>
-
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
@@ -31,6 +28,10 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include <CLI/CLI.hpp>
+#include <google/protobuf/util/json_util.h>
+#include <unistd.h>
+
 #include "client/cpp/dispatch_client.h"
 
 namespace dispatchd::client {
@@ -51,12 +52,12 @@ enum ExitCode : int {
 constexpr char kExitCodes[] =
     "Exit codes:\n"
     "  0  ok (submit: queued; run/status/watch: the job SUCCEEDED; cancel: the job is now\n"
-    "     CANCELLED; workers/stats: ok)\n"
+    "     CANCELLED; workers/stats/set-rate-limit: ok)\n"
     "  1  the job FAILED\n"
     "  2  usage error, or INVALID_ARGUMENT from the daemon\n"
     "  3  the job was CANCELLED or EXPIRED\n"
     "  4  the job is still active (status; also run/watch/cancel when it has not ended)\n"
-    "  5  NOT_FOUND\n"
+    "  5  NOT_FOUND (e.g. an unknown job id, or a model no configured type uses)\n"
     "  6  RESOURCE_EXHAUSTED: admission refused, try again later (the retry-after is printed)\n"
     "  7  FAILED_PRECONDITION (e.g. cancelling a job that already ended)\n"
     "  8  daemon unreachable, DEADLINE_EXCEEDED, or any other RPC failure\n"
@@ -122,6 +123,29 @@ void PrintKeyValues(const std::vector<std::pair<std::string, std::string>>& kvs)
   }
 }
 
+// A number with at most `decimals` decimals and no trailing zeros: 2, 0.5, 1.25.
+std::string FormatNumber(double v, int decimals = 2) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
+  std::string out = buf;
+  if (out.find('.') != std::string::npos) {
+    while (out.back() == '0') out.pop_back();
+    if (out.back() == '.') out.pop_back();
+  }
+  return out == "-0" ? "0" : out;
+}
+
+// A rate in dispatches per second as the config would spell it: "2/s", or "30/min" below 1/s.
+std::string FormatRate(double per_second) {
+  if (per_second >= 1) return absl::StrCat(FormatNumber(per_second), "/s");
+  return absl::StrCat(FormatNumber(per_second * 60), "/min");
+}
+
+// A head-of-line wait reason for a table cell: "-" when nothing waits.
+std::string WaitCell(const std::string& reason, int64_t queued) {
+  return queued == 0 || reason.empty() || reason == "none" ? "-" : reason;
+}
+
 int ExitForStatus(const absl::Status& s) {
   switch (s.code()) {
     case absl::StatusCode::kOk:
@@ -159,8 +183,7 @@ bool IsTerminal(v1::JobState s) {
 }
 
 int Fail(const absl::Status& s) {
-  std::cerr << "dispatchctl: " << absl::StatusCodeToString(s.code()) << ": " << s.message()
-            << "\n";
+  std::cerr << "dispatchctl: " << absl::StatusCodeToString(s.code()) << ": " << s.message() << "\n";
   if (std::optional<absl::Duration> after = RetryAfter(s); after.has_value()) {
     std::cerr << "dispatchctl: retry after " << absl::FormatDuration(*after) << "\n";
   }
@@ -206,7 +229,8 @@ struct SpecFlags {
   void Register(CLI::App* cmd) {
     cmd->add_option("--type", type, "Job type (required)")->required();
     auto* p = cmd->add_option("--payload", payload, "Payload bytes, given inline");
-    auto* f = cmd->add_option("--payload-file", payload_file, "Read the payload from a file, - = stdin");
+    auto* f =
+        cmd->add_option("--payload-file", payload_file, "Read the payload from a file, - = stdin");
     p->excludes(f);
     cmd->add_option("--resource", resource, "Resource id (conflict and cost unit)");
     cmd->add_option("--fairness-key", fairness_key, "Fairness key (default: the caller)");
@@ -251,7 +275,8 @@ struct SpecFlags {
       *spec.mutable_timeout() = ToProto(*d);
     }
     if (!dispatch_deadline.empty()) {
-      absl::StatusOr<absl::Duration> d = ParseDurationFlag("--dispatch-deadline", dispatch_deadline);
+      absl::StatusOr<absl::Duration> d =
+          ParseDurationFlag("--dispatch-deadline", dispatch_deadline);
       if (!d.ok()) return d.status();
       *spec.mutable_dispatch_deadline() = ToProto(*d);
     }
@@ -293,6 +318,11 @@ void PrintJobHuman(const v1::Job& job) {
   };
   if (!job.spec().resource_id().empty()) kvs.emplace_back("resource", job.spec().resource_id());
   if (!job.fairness_key().empty()) kvs.emplace_back("fairness key", job.fairness_key());
+  if (!job.wait_reason().empty()) {
+    kvs.emplace_back("waiting", absl::StrCat(job.wait_reason(), ", position ", job.queue_position(),
+                                             " (", job.keys_ahead(),
+                                             job.keys_ahead() == 1 ? " key" : " keys", " ahead)"));
+  }
   kvs.emplace_back("error", job.error().empty() ? "-" : job.error());
   kvs.emplace_back("result size", absl::StrCat(job.result().size(), " bytes"));
   if (!job.result().empty() && job.result().size() <= 200 && IsPrintable(job.result())) {
@@ -317,6 +347,10 @@ int CmdSubmit(Client& client, const SpecFlags& flags, bool json) {
     std::cout << ToJson(*r) << "\n";
   } else {
     std::cout << r->job_id() << (r->deduplicated() ? " (deduplicated)" : "") << "\n";
+  }
+  if (r->deduplicated()) {
+    std::cerr << "dispatchctl: deduplicated: idempotency key \"" << spec->idempotency_key()
+              << "\" matched job " << r->job_id() << "; nothing new was queued\n";
   }
   return kOk;
 }
@@ -375,8 +409,7 @@ int CmdWatch(Client& client, const std::string& id, bool json, absl::Duration wa
           absl::Time at = job.has_updated_at() ? FromProto(job.updated_at()) : absl::Now();
           std::cout << absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", at, absl::UTCTimeZone()) << " "
                     << StateName(job.state()) << " attempt=" << job.attempt()
-                    << " worker=" << (job.worker_id().empty() ? "-" : job.worker_id())
-                    << std::endl;
+                    << " worker=" << (job.worker_id().empty() ? "-" : job.worker_id()) << std::endl;
         }
       },
       wait);
@@ -392,12 +425,19 @@ int CmdWorkers(Client& client, bool json) {
     std::cout << ToJson(*r) << "\n";
     return kOk;
   }
-  std::vector<std::vector<std::string>> rows = {
-      {"ID", "PEER", "TYPES", "BUSY/SLOTS", "LABELS", "CONNECTED", "LAST SEEN"}};
+  std::vector<std::vector<std::string>> rows = {{"ID", "PEER", "TYPES", "BUSY/SLOTS", "MODELS",
+                                                 "VRAM GB", "LOADS", "LABELS", "CONNECTED",
+                                                 "LAST SEEN"}};
   for (const v1::WorkerInfo& w : r->workers()) {
     std::map<std::string, std::string> labels(w.labels().begin(), w.labels().end());
+    // VRAM: in use / total; "-" for a worker that reported no GPU.
+    std::string vram = w.vram_gb() < 0 ? "-"
+                                       : absl::StrCat(FormatNumber(w.vram_in_use_gb(), 1), "/",
+                                                      FormatNumber(w.vram_gb(), 1));
     rows.push_back({w.worker_id() + (w.draining() ? " (draining)" : ""), w.peer(),
                     absl::StrJoin(w.types(), ","), absl::StrCat(w.busy(), "/", w.slots()),
+                    w.models_resident().empty() ? "-" : absl::StrJoin(w.models_resident(), ","),
+                    vram, absl::StrCat(w.model_loads()),
                     labels.empty() ? "-" : absl::StrJoin(labels, ",", absl::PairFormatter("=")),
                     FormatTimestamp(w.connected_at()), FormatTimestamp(w.last_seen())});
   }
@@ -412,18 +452,101 @@ int CmdStats(Client& client, bool json) {
     std::cout << ToJson(*r) << "\n";
     return kOk;
   }
-  std::vector<std::vector<std::string>> rows = {{"TYPE", "QUEUED", "DISPATCHED", "RUNNING",
-                                                 "SUCCEEDED", "FAILED", "CANCELLED", "EXPIRED"}};
-  for (const v1::TypeStats& t : r->types()) {
-    rows.push_back({t.type(), absl::StrCat(t.queued()), absl::StrCat(t.dispatched()),
-                    absl::StrCat(t.running()), absl::StrCat(t.succeeded()),
-                    absl::StrCat(t.failed()), absl::StrCat(t.cancelled()),
-                    absl::StrCat(t.expired())});
+  // Tiers, types, models and keys, each a table; WAITING-ON is why the first job in line waits.
+  if (!r->tiers().empty()) {
+    std::vector<std::vector<std::string>> rows = {
+        {"TIER", "PRIORITY", "CAP", "QUEUED", "RUNNING", "WAITING-ON"}};
+    for (const v1::TierStats& t : r->tiers()) {
+      rows.push_back({t.tier(), absl::StrCat(t.priority()),
+                      t.cap() == 0 ? "-" : absl::StrCat(t.cap()), absl::StrCat(t.queued()),
+                      absl::StrCat(t.running()), WaitCell(t.head_wait_reason(), t.queued())});
+    }
+    PrintTable(rows);
+    std::cout << "\n";
   }
-  PrintTable(rows);
-  std::cout << "\n";
+  {
+    std::vector<std::vector<std::string>> rows = {{"TYPE", "QUEUED", "DISPATCHED", "RUNNING",
+                                                   "SUCCEEDED", "FAILED", "CANCELLED", "EXPIRED",
+                                                   "WAITING-ON"}};
+    for (const v1::TypeStats& t : r->types()) {
+      rows.push_back({t.type(), absl::StrCat(t.queued()), absl::StrCat(t.dispatched()),
+                      absl::StrCat(t.running()), absl::StrCat(t.succeeded()),
+                      absl::StrCat(t.failed()), absl::StrCat(t.cancelled()),
+                      absl::StrCat(t.expired()), WaitCell(t.head_wait_reason(), t.queued())});
+    }
+    PrintTable(rows);
+    std::cout << "\n";
+  }
+  if (!r->models().empty()) {
+    std::vector<std::vector<std::string>> rows = {
+        {"MODEL", "QUEUED", "RUNNING", "TOKENS", "RATE", "BURST", "RESIDENT", "WAITING-ON"}};
+    for (const v1::ModelStats& m : r->models()) {
+      const bool limited = m.tokens() >= 0;
+      rows.push_back({m.model(), absl::StrCat(m.queued()), absl::StrCat(m.running()),
+                      limited ? FormatNumber(m.tokens()) : "-",
+                      limited ? FormatRate(m.rate_per_second()) : "-",
+                      limited ? absl::StrCat(m.burst()) : "-", absl::StrCat(m.resident_on()),
+                      WaitCell(m.head_wait_reason(), m.queued())});
+    }
+    PrintTable(rows);
+    std::cout << "\n";
+  }
+  if (!r->keys().empty()) {
+    std::vector<std::vector<std::string>> rows = {
+        {"KEY", "QUEUED", "RUNNING", "COST", "WAITING-ON"}};
+    for (const v1::KeyStats& k : r->keys()) {
+      rows.push_back({k.fairness_key(), absl::StrCat(k.queued()), absl::StrCat(k.running()),
+                      FormatNumber(k.cost()), WaitCell(k.head_wait_reason(), k.queued())});
+    }
+    PrintTable(rows);
+    if (r->keys_total() > r->keys_size()) {
+      std::cout << "(the " << r->keys_size() << " lowest-cost of " << r->keys_total()
+                << " fairness keys)\n";
+    }
+    std::cout << "\n";
+  }
   PrintKeyValues({{"workers", absl::StrCat(r->workers())},
-                  {"slots busy/total", absl::StrCat(r->slots_busy(), "/", r->slots_total())}});
+                  {"slots busy/total", absl::StrCat(r->slots_busy(), "/", r->slots_total())},
+                  {"fairness keys", absl::StrCat(r->keys_total())}});
+  return kOk;
+}
+
+// Flags of set-rate-limit.
+struct RateLimitFlags {
+  std::string model;
+  std::optional<double> rpm, rps;
+  std::optional<int> burst;
+  bool clear = false;
+};
+
+int CmdSetRateLimit(Client& client, const RateLimitFlags& flags, bool json) {
+  v1::SetRateLimitRequest req;
+  req.set_model(flags.model);
+  if (!flags.clear) {
+    if (!flags.rpm.has_value() && !flags.rps.has_value()) {
+      return Usage("set-rate-limit: give --rpm N or --rps N (or --clear to remove the limit)");
+    }
+    // 0 on the wire means "unset" (and both unset clears the limit): refuse it here.
+    for (const auto& [flag, value] :
+         {std::pair{"--rpm", flags.rpm}, std::pair{"--rps", flags.rps}}) {
+      if (value.has_value() && !(*value > 0)) {
+        return Usage(absl::StrCat(flag, ": must be > 0, got ", FormatNumber(*value, 6)));
+      }
+    }
+    if (flags.rpm.has_value()) req.set_rpm(*flags.rpm);
+    if (flags.rps.has_value()) req.set_rps(*flags.rps);
+    if (flags.burst.has_value()) req.set_burst(*flags.burst);
+  }
+  absl::StatusOr<v1::SetRateLimitResponse> r = client.SetRateLimit(req);
+  if (!r.ok()) return Fail(r.status());
+  if (json) {
+    std::cout << ToJson(*r) << "\n";
+  } else if (r->rate_per_second() <= 0) {
+    std::cout << r->model() << ": no rate limit (until the daemon's next config load)\n";
+  } else {
+    std::cout << r->model() << ": rate " << FormatRate(r->rate_per_second()) << ", burst "
+              << r->burst() << " (until the daemon's next config load)\n";
+  }
   return kOk;
 }
 
@@ -447,15 +570,17 @@ int Main(int argc, char** argv) {
       "Queue a job and print its id.\n"
       "  Example: dispatchctl submit --type llm.embed --payload-file doc.txt --label gpu=h100");
   submit_flags.Register(submit);
-  CLI::App* run = app.add_subcommand(
-      "run",
-      "Queue a job, wait for it, and print its result bytes to stdout.\n"
-      "  Example: dispatchctl --timeout 5m run --type echo --payload hello");
+  CLI::App* run =
+      app.add_subcommand("run",
+                         "Queue a job, wait for it, and print its result bytes to stdout.\n"
+                         "  Example: dispatchctl --timeout 5m run --type echo --payload hello");
   run_flags.Register(run);
 
   std::string job_id;
   CLI::App* status = app.add_subcommand(
-      "status", "Show one job.\n  Example: dispatchctl --json status 0f3c9a1e");
+      "status",
+      "Show one job; a queued one says why it waits and where it stands in line.\n"
+      "  Example: dispatchctl --json status 0f3c9a1e");
   status->add_option("ID", job_id, "Job id")->required();
   CLI::App* cancel = app.add_subcommand(
       "cancel", "Cancel a queued or running job.\n  Example: dispatchctl cancel 0f3c9a1e");
@@ -465,10 +590,32 @@ int Main(int argc, char** argv) {
       "Print each state change of a job until it ends.\n  Example: dispatchctl watch 0f3c9a1e");
   watch->add_option("ID", job_id, "Job id")->required();
   CLI::App* workers = app.add_subcommand(
-      "workers", "List connected workers.\n  Example: dispatchctl workers");
+      "workers",
+      "List connected workers: load, resident models, VRAM in use/total, model loads.\n"
+      "  Example: dispatchctl workers");
   CLI::App* stats = app.add_subcommand(
-      "stats", "Show job counts per type and slot use.\n  Example: dispatchctl --json stats");
-  for (CLI::App* sub : {submit, run, status, cancel, watch, workers, stats}) sub->footer(kExitCodes);
+      "stats",
+      "Show queued and running jobs per tier, type, model and fairness key, token buckets,\n"
+      "  and why the first job in line of each waits (WAITING-ON); then slot use.\n"
+      "  Example: dispatchctl stats   (or dispatchctl --json stats)");
+  RateLimitFlags rate_flags;
+  CLI::App* set_rate_limit = app.add_subcommand(
+      "set-rate-limit",
+      "Change (--rpm or --rps, --burst) or remove (--clear) a model's rate limit until the\n"
+      "  daemon's next config load.\n"
+      "  Example: dispatchctl set-rate-limit llama-70b --rpm 30 --burst 5");
+  set_rate_limit->add_option("MODEL", rate_flags.model, "Model (or a type without a model)")
+      ->required();
+  auto* rpm = set_rate_limit->add_option("--rpm", rate_flags.rpm, "Dispatches per minute");
+  auto* rps = set_rate_limit->add_option("--rps", rate_flags.rps, "Dispatches per second");
+  auto* burst = set_rate_limit->add_option(
+      "--burst", rate_flags.burst, "Dispatches allowed at once after an idle spell (default 1)");
+  auto* clear = set_rate_limit->add_flag("--clear", rate_flags.clear, "Remove the limit");
+  rpm->excludes(rps);
+  clear->excludes(rpm)->excludes(rps)->excludes(burst);
+  for (CLI::App* sub : {submit, run, status, cancel, watch, workers, stats, set_rate_limit}) {
+    sub->footer(kExitCodes);
+  }
 
   try {
     app.parse(argc, argv);
@@ -496,6 +643,7 @@ int Main(int argc, char** argv) {
   if (watch->parsed()) return CmdWatch(**client, job_id, json, timeout);
   if (workers->parsed()) return CmdWorkers(**client, json);
   if (stats->parsed()) return CmdStats(**client, json);
+  if (set_rate_limit->parsed()) return CmdSetRateLimit(**client, rate_flags, json);
   return Usage("no command given");
 }
 

@@ -169,6 +169,10 @@ std::vector<v1::WorkerInfo> Dispatcher::Workers() {
       convert::ToProto(s.last_seen, info.mutable_last_seen());
       info.set_rank(w.rank);
       info.set_draining(w.draining);
+      for (const std::string& m : w.models_resident) info.add_models_resident(m);
+      info.set_vram_gb(w.vram_gb);
+      info.set_vram_in_use_gb(w.vram_in_use_gb);
+      info.set_model_loads(w.model_loads);
       out->push_back(std::move(info));
     }
     done->Notify();
@@ -219,7 +223,7 @@ void Dispatcher::PublishLoad(absl::Time now) {
   ended_since_publish_ = 0;
 }
 
-void Dispatcher::RunOnLoop(std::function<void()> task) {
+bool Dispatcher::RunOnLoop(std::function<void()> task) {
   auto done = std::make_shared<absl::Notification>();
   Post([task = std::move(task), done] {
     task();
@@ -227,35 +231,40 @@ void Dispatcher::RunOnLoop(std::function<void()> task) {
   });
   {
     absl::MutexLock l(&mu_);
-    if (stopping_) return;
+    if (stopping_) return false;
   }
-  done->WaitForNotificationWithTimeout(absl::Seconds(10));
+  return done->WaitForNotificationWithTimeout(absl::Seconds(10));
 }
 
-sched::SchedulerStats Dispatcher::SchedulerStats() {
+sched::SchedulerStats Dispatcher::SchedulerStats(size_t max_keys) {
   auto out = std::make_shared<sched::SchedulerStats>();
-  RunOnLoop([this, out] { *out = scheduler_.Stats(clock_.TimeNow()); });
+  // A late task may still write *out: read it only if the loop ran it in time.
+  if (!RunOnLoop([this, out, max_keys] { *out = scheduler_.Stats(clock_.TimeNow(), max_keys); })) {
+    return {};
+  }
   return *out;
 }
 
 std::optional<sched::WaitInfo> Dispatcher::WhyWaiting(const std::string& job_id) {
   auto out = std::make_shared<std::optional<sched::WaitInfo>>();
-  RunOnLoop([this, out, job_id] {
-    if (scheduler_.IsPending(job_id)) *out = scheduler_.WhyWaiting(job_id, clock_.TimeNow());
-  });
+  if (!RunOnLoop([this, out, job_id] {
+        if (scheduler_.IsPending(job_id)) *out = scheduler_.WhyWaiting(job_id, clock_.TimeNow());
+      })) {
+    return std::nullopt;
+  }
   return *out;
 }
 
 bool Dispatcher::SetRateLimit(const std::string& rate_key, config::RateLimit limit) {
   auto out = std::make_shared<bool>(false);
-  RunOnLoop([this, out, rate_key, limit] {
+  bool ran = RunOnLoop([this, out, rate_key, limit] {
     *out = scheduler_.SetRateLimit(rate_key, limit, clock_.TimeNow());
     if (*out) {
       server::Log("dispatch")->info("rate limit set key={} per_second={} burst={}", rate_key,
                                     limit.per_second, limit.burst);
     }
   });
-  return *out;
+  return ran && *out;
 }
 
 void Dispatcher::DispatchReady(absl::Time now) {
@@ -376,6 +385,15 @@ void Dispatcher::Sweep(absl::Time now) {
         server::Log("dispatch")->info("expired job={}", id);
         events_.Publish(id, JobState::kExpired);
       }
+    }
+    // Idempotency keys of jobs that ended more than idempotency_window ago are free again.
+    absl::StatusOr<int64_t> released =
+        store_.ReleaseIdempotencyKeys(now - config_.idempotency_window);
+    if (!released.ok()) {
+      server::Log("dispatch")->warn("idempotency key release failed status={}",
+                                    released.status().ToString());
+    } else if (*released > 0) {
+      server::Log("dispatch")->debug("released idempotency keys n={}", *released);
     }
   }
 }

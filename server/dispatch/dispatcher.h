@@ -66,8 +66,8 @@ class Dispatcher {
 
   // Connected workers, by rank. Waits for the loop.
   std::vector<v1::WorkerInfo> Workers();
-  // The scheduler's queues, caps, buckets and keys. Waits for the loop.
-  sched::SchedulerStats SchedulerStats();
+  // The scheduler's queues, caps, buckets and the `max_keys` lowest-cost keys. Waits for the loop.
+  sched::SchedulerStats SchedulerStats(size_t max_keys = SIZE_MAX);
   // Why a queued job waits and its place in line; nullopt if the daemon holds no such queued
   // job. Waits for the loop.
   std::optional<sched::WaitInfo> WhyWaiting(const std::string& job_id);
@@ -94,8 +94,10 @@ class Dispatcher {
   };
 
   void Post(std::function<void()> task) ABSL_LOCKS_EXCLUDED(mu_);
-  // Runs `task` on the loop and waits for it (at most 10 s; not at all once stopping).
-  void RunOnLoop(std::function<void()> task) ABSL_LOCKS_EXCLUDED(mu_);
+  // Runs `task` on the loop and waits for it (at most 10 s; not at all once stopping). False if
+  // it did not run in time: the task may still run later, so the caller must not read what it
+  // writes.
+  bool RunOnLoop(std::function<void()> task) ABSL_LOCKS_EXCLUDED(mu_);
   void Loop() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Everything below runs on the loop thread only.

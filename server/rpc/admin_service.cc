@@ -1,11 +1,101 @@
 #include "server/rpc/admin_service.h"
 
+#include <cmath>
 #include <map>
+#include <set>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+#include "lib/sched/scheduler.h"
 #include "server/util/grpc_status.h"
 
 namespace dispatchd::rpc {
+namespace {
+
+std::string Reason(sched::WaitReason r) { return std::string(sched::ToString(r)); }
+
+// The scheduler's part of a StatsResponse: tiers, models, keys (capped) and each type's head
+// wait reason.
+void AddSchedulerStats(const sched::SchedulerStats& s, size_t max_keys, v1::StatsResponse* resp) {
+  absl::flat_hash_map<std::string, sched::WaitReason> type_heads;
+  for (const sched::SchedulerStats::Type& t : s.types) type_heads[t.name] = t.head;
+  for (v1::TypeStats& t : *resp->mutable_types()) {
+    auto it = type_heads.find(t.type());
+    t.set_head_wait_reason(Reason(it == type_heads.end() ? sched::WaitReason::kNone : it->second));
+  }
+  for (const sched::SchedulerStats::Tier& t : s.tiers) {
+    v1::TierStats* out = resp->add_tiers();
+    out->set_tier(t.name);
+    out->set_priority(t.priority);
+    out->set_cap(t.cap == config::kUnlimited ? 0 : t.cap);
+    out->set_queued(t.queued);
+    out->set_running(t.running);
+    out->set_head_wait_reason(Reason(t.head));
+  }
+  for (const sched::SchedulerStats::Model& m : s.models) {
+    v1::ModelStats* out = resp->add_models();
+    out->set_model(m.name);
+    out->set_queued(m.queued);
+    out->set_running(m.running);
+    const bool limited = m.tokens >= 0;
+    out->set_tokens(limited ? m.tokens : -1);
+    out->set_rate_per_second(limited ? m.per_second : 0);
+    out->set_burst(limited ? m.burst : 0);
+    out->set_resident_on(m.resident_on);
+    out->set_head_wait_reason(Reason(m.head));
+  }
+  // Keys come sorted by cost, lowest first: the first ones are those served next.
+  for (size_t i = 0; i < s.keys.size() && i < max_keys; ++i) {
+    const sched::SchedulerStats::Key& k = s.keys[i];
+    v1::KeyStats* out = resp->add_keys();
+    out->set_fairness_key(k.name);
+    out->set_queued(k.queued);
+    out->set_running(k.running);
+    out->set_cost(k.cost);
+    out->set_head_wait_reason(Reason(k.head));
+  }
+  resp->set_keys_total(s.keys_total);
+  resp->set_virtual_time(s.virtual_time);
+}
+
+// The rate limit a SetRateLimitRequest asks for, or INVALID_ARGUMENT naming the field.
+absl::StatusOr<config::RateLimit> ParseRateLimit(const v1::SetRateLimitRequest& req) {
+  if (req.model().empty()) return absl::InvalidArgumentError("model: required");
+  for (const auto& [name, value] : {std::pair{"rpm", req.rpm()}, std::pair{"rps", req.rps()}}) {
+    if (value == 0) continue;  // unset
+    if (!(value > 0)) {
+      return absl::InvalidArgumentError(absl::StrCat(name, ": must be > 0, got ", value));
+    }
+    if (!std::isfinite(value)) {
+      return absl::InvalidArgumentError(absl::StrCat(name, ": must be finite"));
+    }
+  }
+  if (req.rpm() != 0 && req.rps() != 0) {
+    return absl::InvalidArgumentError(
+        "rpm, rps: set one, not both (rpm: per minute, rps: per second)");
+  }
+  if (req.has_burst() && req.burst() < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("burst: must be >= 1, got ", req.burst()));
+  }
+  config::RateLimit limit;
+  limit.per_second = req.rpm() != 0 ? req.rpm() / 60 : req.rps();
+  if (!limit.limited()) {
+    if (req.has_burst()) {
+      return absl::InvalidArgumentError(
+          "burst: needs rpm or rps (to clear the limit, send neither rpm, rps nor burst)");
+    }
+    return config::RateLimit{.per_second = 0, .burst = 1};
+  }
+  limit.burst = req.has_burst() ? req.burst() : 1;
+  return limit;
+}
+
+}  // namespace
 
 grpc::ServerUnaryReactor* AdminServiceImpl::Stats(grpc::CallbackServerContext* ctx,
                                                   const v1::StatsRequest*,
@@ -23,13 +113,27 @@ grpc::ServerUnaryReactor* AdminServiceImpl::Stats(grpc::CallbackServerContext* c
       v1::TypeStats& s = by_type[c.type];
       s.set_type(c.type);
       switch (c.state) {
-        case job::JobState::kQueued: s.set_queued(c.count); break;
-        case job::JobState::kDispatched: s.set_dispatched(c.count); break;
-        case job::JobState::kRunning: s.set_running(c.count); break;
-        case job::JobState::kSucceeded: s.set_succeeded(c.count); break;
-        case job::JobState::kFailed: s.set_failed(c.count); break;
-        case job::JobState::kCancelled: s.set_cancelled(c.count); break;
-        case job::JobState::kExpired: s.set_expired(c.count); break;
+        case job::JobState::kQueued:
+          s.set_queued(c.count);
+          break;
+        case job::JobState::kDispatched:
+          s.set_dispatched(c.count);
+          break;
+        case job::JobState::kRunning:
+          s.set_running(c.count);
+          break;
+        case job::JobState::kSucceeded:
+          s.set_succeeded(c.count);
+          break;
+        case job::JobState::kFailed:
+          s.set_failed(c.count);
+          break;
+        case job::JobState::kCancelled:
+          s.set_cancelled(c.count);
+          break;
+        case job::JobState::kExpired:
+          s.set_expired(c.count);
+          break;
       }
     }
     for (auto& [name, s] : by_type) *resp->add_types() = std::move(s);
@@ -38,6 +142,7 @@ grpc::ServerUnaryReactor* AdminServiceImpl::Stats(grpc::CallbackServerContext* c
       resp->set_slots_total(resp->slots_total() + w.slots());
       resp->set_slots_busy(resp->slots_busy() + w.busy());
     }
+    AddSchedulerStats(dispatcher_.SchedulerStats(kMaxStatsKeys), kMaxStatsKeys, resp);
     reactor->Finish(grpc::Status::OK);
   });
   return reactor;
@@ -49,6 +154,44 @@ grpc::ServerUnaryReactor* AdminServiceImpl::ListWorkers(grpc::CallbackServerCont
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   executor_.Schedule([this, resp, reactor] {
     for (v1::WorkerInfo& w : dispatcher_.Workers()) *resp->add_workers() = std::move(w);
+    reactor->Finish(grpc::Status::OK);
+  });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* AdminServiceImpl::SetRateLimit(grpc::CallbackServerContext* ctx,
+                                                         const v1::SetRateLimitRequest* req,
+                                                         v1::SetRateLimitResponse* resp) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  absl::StatusOr<config::RateLimit> limit = ParseRateLimit(*req);
+  if (!limit.ok()) {
+    reactor->Finish(server::ToGrpcStatus(limit.status()));
+    return reactor;
+  }
+  executor_.Schedule([this, req, resp, reactor, limit = *limit] {
+    if (!dispatcher_.SetRateLimit(req->model(), limit)) {
+      std::set<std::string> configured;  // sorted, for the message
+      for (const config::JobTypeConfig& t : config_.types) configured.insert(t.rate_key());
+      if (configured.contains(req->model())) {
+        // Configured, yet the dispatcher did not apply it: the daemon is stopping.
+        reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                     "the dispatcher did not apply the rate limit; try again"));
+        return;
+      }
+      std::vector<std::string> known(configured.begin(), configured.end());
+      constexpr size_t kMaxNamed = 20;
+      const bool more = known.size() > kMaxNamed;
+      if (more) known.resize(kMaxNamed);
+      reactor->Finish(grpc::Status(
+          grpc::StatusCode::NOT_FOUND,
+          absl::StrCat("model: no configured type uses model \"", req->model(),
+                       "\" (configured models, and types without one: ", absl::StrJoin(known, ", "),
+                       more ? ", ..." : "", ")")));
+      return;
+    }
+    resp->set_model(req->model());
+    resp->set_rate_per_second(limit.per_second);
+    resp->set_burst(limit.limited() ? limit.burst : 0);
     reactor->Finish(grpc::Status::OK);
   });
   return reactor;

@@ -20,6 +20,12 @@ class AdminServiceImpl final : public v1::AdminService::CallbackService {
   grpc::ServerUnaryReactor* ListWorkers(grpc::CallbackServerContext* ctx,
                                         const v1::ListWorkersRequest* req,
                                         v1::ListWorkersResponse* resp) override;
+  grpc::ServerUnaryReactor* SetRateLimit(grpc::CallbackServerContext* ctx,
+                                         const v1::SetRateLimitRequest* req,
+                                         v1::SetRateLimitResponse* resp) override;
+
+  // Fairness keys listed in a StatsResponse (the lowest-cost ones); `keys_total` counts all.
+  static constexpr size_t kMaxStatsKeys = 100;
 
  private:
   const config::Config& config_;

@@ -1,6 +1,8 @@
 #include "server/rpc/job_service.h"
 
+#include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <deque>
 #include <functional>
 #include <optional>
@@ -8,10 +10,13 @@
 #include <random>
 #include <utility>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "lib/sched/admission.h"
+#include "lib/sched/admission_gate.h"
+#include "lib/sched/scheduler.h"
 #include "server/convert/job_proto.h"
 #include "server/util/grpc_status.h"
 #include "server/util/log.h"
@@ -46,22 +51,39 @@ absl::Status CheckJobId(const std::string& id, absl::string_view field) {
   return absl::OkStatus();
 }
 
+std::string RetryAfterMillis(absl::Duration retry_after) {
+  const int64_t ms = absl::ToInt64Milliseconds(absl::Ceil(retry_after, absl::Milliseconds(1)));
+  return absl::StrCat(std::max<int64_t>(0, ms));
+}
+
 absl::StatusOr<store::InsertOutcome> JobServiceImpl::Enqueue(const v1::JobSpec& wire,
-                                                             const std::string& peer) {
+                                                             const std::string& peer,
+                                                             absl::Duration* retry_after) {
   absl::StatusOr<job::JobSpec> spec = convert::FromProto(wire);
   if (!spec.ok()) return spec.status();
   if (spec->fairness_key.empty()) spec->fairness_key = PeerIdentity(peer);
   absl::StatusOr<job::JobSpec> resolved = sched::ResolveSpec(config_, *std::move(spec));
   if (!resolved.ok()) return resolved.status();
+  // Reserve room before anything is written. From here on the reservation is settled exactly
+  // once: Release below when nothing new was written, or Counted by the dispatcher when it takes
+  // in the job handed to it by JobQueued.
+  sched::AdmissionGate& gate = dispatcher_.admission();
+  const std::string type = resolved->type;
+  if (absl::Status admitted = gate.TryAdmit(type, retry_after); !admitted.ok()) {
+    server::Log("grpc")->debug("refused type={} key={}: {}", type, resolved->fairness_key,
+                               admitted.message());
+    return admitted;
+  }
   const absl::Time now = clock_.TimeNow();
   job::Job job{.id = NewJobId(now), .spec = *std::move(resolved), .created_at = now};
   absl::StatusOr<store::InsertOutcome> outcome = store_.Insert(job);
-  if (!outcome.ok()) return outcome.status();
-  if (!outcome->deduplicated) {
-    server::Log("grpc")->debug("queued job={} type={} key={}", job.id, job.spec.type,
-                               job.spec.fairness_key);
-    dispatcher_.JobQueued(std::move(job));
+  if (!outcome.ok() || outcome->deduplicated) {
+    gate.Release(type);
+    return outcome;
   }
+  server::Log("grpc")->debug("queued job={} type={} key={}", job.id, job.spec.type,
+                             job.spec.fairness_key);
+  dispatcher_.JobQueued(std::move(job));
   return outcome;
 }
 
@@ -70,10 +92,13 @@ grpc::ServerUnaryReactor* JobServiceImpl::Submit(grpc::CallbackServerContext* ct
                                                  v1::SubmitResponse* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   executor_.Schedule([this, ctx, req, resp, reactor] {
-    absl::StatusOr<store::InsertOutcome> outcome = Enqueue(req->spec(), ctx->peer());
+    absl::Duration retry_after = absl::ZeroDuration();
+    absl::StatusOr<store::InsertOutcome> outcome = Enqueue(req->spec(), ctx->peer(), &retry_after);
     if (outcome.ok()) {
       resp->set_job_id(outcome->job_id);
       resp->set_deduplicated(outcome->deduplicated);
+    } else if (absl::IsResourceExhausted(outcome.status())) {
+      ctx->AddTrailingMetadata(kRetryAfterTrailer, RetryAfterMillis(retry_after));
     }
     reactor->Finish(server::ToGrpcStatus(outcome.status()));
   });
@@ -89,7 +114,7 @@ class RunSyncReactor final : public grpc::ServerUnaryReactor {
   RunSyncReactor(JobServiceImpl& service, store::JobStore& store, dispatch::JobEvents& events,
                  server::Executor& executor, grpc::CallbackServerContext* ctx,
                  const v1::RunSyncRequest* req, v1::RunSyncResponse* resp)
-      : store_(store), events_(events), executor_(executor), resp_(resp) {
+      : store_(store), events_(events), executor_(executor), ctx_(ctx), resp_(resp) {
     Run([this, &service, req, peer = ctx->peer()] { Begin(service, *req, peer); });
   }
 
@@ -122,10 +147,17 @@ class RunSyncReactor final : public grpc::ServerUnaryReactor {
     });
   }
 
+  // Runs once, from the constructor (before OnDone can run, so it always runs): Enqueue settles
+  // the admission reservation whatever happens to the call afterwards.
   void Begin(JobServiceImpl& service, const v1::RunSyncRequest& req, const std::string& peer) {
-    absl::StatusOr<store::InsertOutcome> outcome = service.Enqueue(req.spec(), peer);
+    absl::Duration retry_after = absl::ZeroDuration();
+    absl::StatusOr<store::InsertOutcome> outcome = service.Enqueue(req.spec(), peer, &retry_after);
     if (!outcome.ok()) {
       absl::MutexLock l(&mu_);
+      // Trailers must be added before Finish; OnCancel may have finished the call already.
+      if (!finished_ && absl::IsResourceExhausted(outcome.status())) {
+        ctx_->AddTrailingMetadata(kRetryAfterTrailer, RetryAfterMillis(retry_after));
+      }
       FinishLocked(server::ToGrpcStatus(outcome.status()));
       return;
     }
@@ -167,6 +199,7 @@ class RunSyncReactor final : public grpc::ServerUnaryReactor {
   store::JobStore& store_;
   dispatch::JobEvents& events_;
   server::Executor& executor_;
+  grpc::CallbackServerContext* const ctx_;
   v1::RunSyncResponse* resp_;
   std::atomic<uint64_t> token_ = 0;
 
@@ -193,12 +226,26 @@ grpc::ServerUnaryReactor* JobServiceImpl::Status(grpc::CallbackServerContext* ct
     absl::Status status = CheckJobId(req->job_id(), "job_id");
     if (status.ok()) {
       absl::StatusOr<job::Job> job = store_.Get(req->job_id());
-      if (job.ok()) convert::ToProto(*job, resp->mutable_job());
+      if (job.ok()) {
+        convert::ToProto(*job, resp->mutable_job());
+        if (job->state == JobState::kQueued) AddWaitInfo(resp->mutable_job());
+      }
       status = job.status();
     }
     reactor->Finish(server::ToGrpcStatus(status));
   });
   return reactor;
+}
+
+void JobServiceImpl::AddWaitInfo(v1::Job* job) {
+  std::optional<sched::WaitInfo> info = dispatcher_.WhyWaiting(job->id());
+  if (!info.has_value()) return;  // the row is QUEUED but the daemon does not hold it (a race)
+  // kNone: nothing holds it back; it goes at the dispatcher's next turn, behind what goes first.
+  const sched::WaitReason reason =
+      info->reason == sched::WaitReason::kNone ? sched::WaitReason::kInLine : info->reason;
+  job->set_wait_reason(std::string(sched::ToString(reason)));
+  job->set_queue_position(info->position);
+  job->set_keys_ahead(info->keys_ahead);
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::Cancel(grpc::CallbackServerContext* ctx,

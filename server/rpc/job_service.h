@@ -1,5 +1,9 @@
 #pragma once
 
+#include <string>
+
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "dispatchd/v1/job_service.grpc.pb.h"
 #include "lib/config/config.h"
 #include "lib/util/clock.h"
@@ -37,10 +41,18 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
   grpc::ServerWriteReactor<v1::WatchEvent>* Watch(grpc::CallbackServerContext* ctx,
                                                   const v1::WatchRequest* req) override;
 
-  // Validates, records and queues a job: the shared first half of Submit and RunSync.
-  absl::StatusOr<store::InsertOutcome> Enqueue(const v1::JobSpec& spec, const std::string& peer);
+  // Validates, admits, records and queues a job: the shared first half of Submit and RunSync.
+  // Admission (max_active, the type's max_queue_depth) is checked after validation and before
+  // anything is written; a refusal is RESOURCE_EXHAUSTED with the hint in `retry_after`. The
+  // admission gate's reservation is settled exactly once: released if nothing new was written
+  // (an error or a duplicate), counted by the dispatcher otherwise.
+  absl::StatusOr<store::InsertOutcome> Enqueue(const v1::JobSpec& spec, const std::string& peer,
+                                               absl::Duration* retry_after);
 
  private:
+  // Fills wait_reason, queue_position and keys_ahead of a QUEUED job the dispatcher holds.
+  void AddWaitInfo(v1::Job* job);
+
   const config::Config& config_;
   store::JobStore& store_;
   dispatch::Dispatcher& dispatcher_;
@@ -55,5 +67,10 @@ std::string PeerIdentity(const std::string& peer);
 
 // Validates a job id from the wire; InvalidArgument naming `field`.
 absl::Status CheckJobId(const std::string& id, absl::string_view field);
+
+// Trailing metadata key of an admission refusal: when to try again, in whole milliseconds.
+inline constexpr char kRetryAfterTrailer[] = "retry-after-ms";
+// Its value for `retry_after` (rounded up to whole milliseconds).
+std::string RetryAfterMillis(absl::Duration retry_after);
 
 }  // namespace dispatchd::rpc

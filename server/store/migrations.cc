@@ -68,8 +68,28 @@ CREATE UNIQUE INDEX jobs_idempotency ON jobs (fairness_key, idempotency_key)
   WHERE idempotency_key <> '';
 )sql";
 
+// Version 2: idempotency keys are held for a window, not forever.
+//
+// - A row holds its (fairness_key, idempotency_key) while idempotency_key is non-empty: the
+//   unique index jobs_idempotency of version 1 covers exactly those rows, and stays the ON
+//   CONFLICT arbiter of Insert. ReleaseIdempotencyKeys frees the key of a job that has been
+//   terminal for `idempotency_window` by moving it to released_idempotency_key (reads show it
+//   from there), so the row leaves the unique index and a repeat creates a new job.
+// - Releasing by a change of the indexed value keeps the schema additive: a daemon of the
+//   previous version runs unchanged on it (its ON CONFLICT still finds its index), and a release
+//   racing an insert of the same key serializes on that index.
+// - jobs_idempotency_held finds the ended rows still holding a key, oldest first (the release
+//   sweep); only those rows are in it, so it stays small.
+// - ADD COLUMN without a default is a catalog change only: no table rewrite.
+constexpr char kMigration2IdempotencyWindow[] = R"sql(
+ALTER TABLE jobs ADD COLUMN released_idempotency_key text NULL;
+CREATE INDEX jobs_idempotency_held ON jobs (finished_at)
+  WHERE idempotency_key <> '' AND finished_at IS NOT NULL;
+)sql";
+
 constexpr Migration kMigrations[] = {
     {1, "jobs table", kMigration1Jobs},
+    {2, "idempotency window", kMigration2IdempotencyWindow},
 };
 
 }  // namespace

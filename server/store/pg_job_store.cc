@@ -45,7 +45,8 @@ struct Statement {
 
 // Columns of a job, in the order RowToJob reads them (see enum Col).
 #define DISPATCHD_PG_JOB_COLUMNS                                                              \
-  "id, type, payload, resource_id, fairness_key, idempotency_key, max_attempts, timeout_ms, " \
+  "id, type, payload, resource_id, fairness_key, "                                            \
+  "coalesce(released_idempotency_key, idempotency_key), max_attempts, timeout_ms, "           \
   "(extract(epoch FROM dispatch_deadline_at - created_at) * 1000000)::int8, "                 \
   "(extract(epoch FROM not_before) * 1000000)::int8, "                                        \
   "ARRAY(SELECT ARRAY[key, value] FROM jsonb_each_text(labels)), "                            \
@@ -96,7 +97,8 @@ VALUES ($1, $2, $3, $4, $5, $6, jsonb_object($7::text[], $8::text[]), 'QUEUED', 
 ON CONFLICT (fairness_key, idempotency_key) WHERE idempotency_key <> '' DO NOTHING
 RETURNING id)sql"};
 
-// $1 fairness_key, $2 idempotency_key.
+// $1 fairness_key, $2 idempotency_key: the job holding the key, if any (a released key has moved
+// to released_idempotency_key).
 constexpr Statement kSelectByIdempotencyKey{"select_by_idempotency_key", R"sql(
 SELECT id FROM jobs WHERE fairness_key = $1 AND idempotency_key = $2 AND idempotency_key <> '')sql"};
 
@@ -173,6 +175,22 @@ UPDATE jobs SET state = 'EXPIRED', error = $2, finished_at = now(), updated_at =
 FROM c WHERE jobs.id = c.id
 RETURNING jobs.id)sql"};
 
+// $1 cutoff in us, $2 batch limit. Moves the key out of the unique index (migrations.cc,
+// version 2). Terminal rows only (finished_at is set by terminal transitions alone); updated_at
+// is left alone: the job itself did not change.
+constexpr Statement kReleaseIdempotencyKeys{"release_idempotency_keys", R"sql(
+WITH c AS (
+  SELECT id FROM jobs
+  WHERE idempotency_key <> '' AND finished_at IS NOT NULL
+    AND finished_at < timestamptz 'epoch' + $1::int8 * interval '1 microsecond'
+    AND state NOT IN ('QUEUED', 'DISPATCHED', 'RUNNING')
+  ORDER BY finished_at
+  LIMIT $2::int8
+  FOR UPDATE SKIP LOCKED
+)
+UPDATE jobs SET released_idempotency_key = jobs.idempotency_key, idempotency_key = ''
+FROM c WHERE jobs.id = c.id)sql"};
+
 constexpr Statement kCountByTypeAndState{
     "count_by_type_and_state",
     "SELECT type, state, count(*) FROM jobs GROUP BY type, state ORDER BY type, state"};
@@ -196,6 +214,7 @@ constexpr Statement kAllStatements[] = {
     kLockState,
     kCancel,
     kExpireOverdue,
+    kReleaseIdempotencyKeys,
     kCountByTypeAndState,
     kCountActive,
 };
@@ -625,23 +644,27 @@ absl::StatusOr<InsertOutcome> PgJobStore::Insert(const job::Job& job) {
       *pool_, absl::StrCat("insert job ", job.id),
       [&](pqxx::connection& conn) -> absl::StatusOr<InsertOutcome> {
         // Autocommit: each statement is its own transaction, durable when it returns. A
-        // concurrent insert of the same key makes ON CONFLICT wait for it; the SELECT after it
-        // takes a new snapshot and sees that row.
+        // concurrent insert (or release) of the same key makes ON CONFLICT wait for it; the
+        // SELECT after it takes a new snapshot and sees the row holding the key. If that row let
+        // go of the key in between (released, or pruned), the insert is tried again: it then
+        // finds the key free, or held by yet another new row.
         pqxx::nontransaction txn(conn);
-        pqxx::result inserted = txn.exec_prepared(
-            kInsertJob.name, job.id, job.spec.type, pqxx::binarystring(job.spec.payload),
-            job.spec.resource_id, job.spec.fairness_key, job.spec.idempotency_key,
-            TextArrayLiteral(label_keys), TextArrayLiteral(label_values), job.spec.max_attempts,
-            timeout_ms, deadline_us, OptionalMicros(job.spec.not_before));
-        if (!inserted.empty()) return InsertOutcome{.job_id = job.id, .deduplicated = false};
-        pqxx::result existing = txn.exec_prepared(kSelectByIdempotencyKey.name,
-                                                  job.spec.fairness_key, job.spec.idempotency_key);
-        if (existing.empty()) {
-          // The conflicting row was deleted between the two statements (retention pruning).
-          return absl::AbortedError(
-              absl::StrCat("insert job ", job.id, ": idempotency key conflict vanished; retry"));
+        constexpr int kTries = 5;
+        for (int i = 0; i < kTries; ++i) {
+          pqxx::result inserted = txn.exec_prepared(
+              kInsertJob.name, job.id, job.spec.type, pqxx::binarystring(job.spec.payload),
+              job.spec.resource_id, job.spec.fairness_key, job.spec.idempotency_key,
+              TextArrayLiteral(label_keys), TextArrayLiteral(label_values),
+              job.spec.max_attempts, timeout_ms, deadline_us, OptionalMicros(job.spec.not_before));
+          if (!inserted.empty()) return InsertOutcome{.job_id = job.id, .deduplicated = false};
+          pqxx::result existing = txn.exec_prepared(
+              kSelectByIdempotencyKey.name, job.spec.fairness_key, job.spec.idempotency_key);
+          if (!existing.empty()) {
+            return InsertOutcome{.job_id = TextFromField(existing[0][0]), .deduplicated = true};
+          }
         }
-        return InsertOutcome{.job_id = TextFromField(existing[0][0]), .deduplicated = true};
+        return absl::AbortedError(
+            absl::StrCat("insert job ", job.id, ": idempotency key conflict vanished; retry"));
       });
 }
 
@@ -782,6 +805,22 @@ absl::StatusOr<std::vector<std::string>> PgJobStore::ExpireOverdue(absl::Time no
         pqxx::nontransaction txn(conn);
         return Ids(txn.exec_prepared(kExpireOverdue.name, absl::ToUnixMicros(now), error));
       });
+}
+
+absl::StatusOr<int64_t> PgJobStore::ReleaseIdempotencyKeys(absl::Time finished_before) {
+  constexpr int64_t kBatch = 10000;
+  if (finished_before == absl::InfinitePast()) return 0;
+  if (finished_before == absl::InfiniteFuture()) {
+    return absl::InvalidArgumentError("finished_before: must not be infinite-future");
+  }
+  return WithConnection(*pool_, "release idempotency keys",
+                        [&](pqxx::connection& conn) -> absl::StatusOr<int64_t> {
+                          pqxx::nontransaction txn(conn);
+                          return static_cast<int64_t>(
+                              txn.exec_prepared(kReleaseIdempotencyKeys.name,
+                                                absl::ToUnixMicros(finished_before), kBatch)
+                                  .affected_rows());
+                        });
 }
 
 absl::StatusOr<std::vector<TypeStateCount>> PgJobStore::CountByTypeAndState() {

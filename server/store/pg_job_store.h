@@ -64,6 +64,8 @@ class PgJobStore final : public JobStore {
                                        const std::string& reason) override;
   absl::StatusOr<std::vector<std::string>> ExpireOverdue(absl::Time now,
                                                          const std::string& error) override;
+  // Besides the JobStore contract: at most 10000 keys per call.
+  absl::StatusOr<int64_t> ReleaseIdempotencyKeys(absl::Time finished_before) override;
   absl::StatusOr<std::vector<TypeStateCount>> CountByTypeAndState() override;
   absl::StatusOr<int64_t> CountActive() override;
 

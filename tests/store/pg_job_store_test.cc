@@ -1,6 +1,7 @@
 #include "server/store/pg_job_store.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <future>
 #include <memory>
@@ -22,6 +23,7 @@
 
 #include "lib/job/job.h"
 #include "server/store/job_store.h"
+#include "server/store/migrations.h"
 #include "tests/testing/pg_test_db.h"
 #include "tests/testing/status_matchers.h"
 
@@ -225,6 +227,163 @@ TEST_F(PgJobStoreTest, ConcurrentInsertsWithOneIdempotencyKeyCreateOneJob) {
   }
   EXPECT_EQ(inserted, 1);
   EXPECT_EQ(ids.size(), 1u);
+}
+
+// A job `id` of `fairness` with idempotency key `key`.
+Job KeyedJob(const std::string& id, const std::string& key,
+             const std::string& fairness = "alice") {
+  Job job = MakeJob(id);
+  job.spec.fairness_key = fairness;
+  job.spec.idempotency_key = key;
+  return job;
+}
+
+TEST_F(PgJobStoreTest, IdempotencyKeyOfAnActiveJobIsNeverReleased) {
+  Insert(KeyedJob("j_first", "k1"));
+  const absl::Time far = absl::Now() + absl::Hours(24 * 365);
+  EXPECT_THAT(store_->ReleaseIdempotencyKeys(far), IsOkAndHolds(0));
+  absl::StatusOr<InsertOutcome> queued = store_->Insert(KeyedJob("j_again", "k1"));
+  ASSERT_THAT(queued, IsOk());
+  EXPECT_TRUE(queued->deduplicated);
+  EXPECT_EQ(queued->job_id, "j_first");
+
+  ASSERT_THAT(store_->Claim({{.job_id = "j_first", .attempt = 0, .worker_id = "w1"}}),
+              IsOkAndHolds(ElementsAre("j_first")));
+  ASSERT_THAT(store_->MarkRunning("j_first", 1, "w1"), IsOkAndHolds(true));
+  EXPECT_THAT(store_->ReleaseIdempotencyKeys(far), IsOkAndHolds(0));
+  absl::StatusOr<InsertOutcome> running = store_->Insert(KeyedJob("j_again", "k1"));
+  ASSERT_THAT(running, IsOk());
+  EXPECT_TRUE(running->deduplicated);
+  EXPECT_EQ(running->job_id, "j_first");
+  EXPECT_THAT(store_->Get("j_again"), StatusIs(absl::StatusCode::kNotFound));
+}
+
+TEST_F(PgJobStoreTest, IdempotencyKeyOfAnEndedJobIsHeldUntilReleasedThenCreatesANewJob) {
+  Insert(KeyedJob("j_first", "k1"));
+  ASSERT_THAT(store_->Claim({{.job_id = "j_first", .attempt = 0, .worker_id = "w1"}}),
+              IsOkAndHolds(ElementsAre("j_first")));
+  ASSERT_THAT(store_->MarkRunning("j_first", 1, "w1"), IsOkAndHolds(true));
+  ASSERT_THAT(store_->Finish({.job_id = "j_first", .attempt = 1, .result = "r"}),
+              IsOkAndHolds(true));
+  const absl::Time finished = Get("j_first").finished_at;
+  ASSERT_NE(finished, absl::InfinitePast());
+
+  // Inside the window (the cutoff is before the job ended): still a repeat.
+  EXPECT_THAT(store_->ReleaseIdempotencyKeys(finished - absl::Seconds(1)), IsOkAndHolds(0));
+  EXPECT_THAT(store_->ReleaseIdempotencyKeys(absl::InfinitePast()), IsOkAndHolds(0));
+  absl::StatusOr<InsertOutcome> held = store_->Insert(KeyedJob("j_held", "k1"));
+  ASSERT_THAT(held, IsOk());
+  EXPECT_TRUE(held->deduplicated);
+  EXPECT_EQ(held->job_id, "j_first");
+
+  // Past the window: the key is free and the same request creates a new job.
+  EXPECT_THAT(store_->ReleaseIdempotencyKeys(finished + absl::Microseconds(1)), IsOkAndHolds(1));
+  EXPECT_THAT(store_->ReleaseIdempotencyKeys(finished + absl::Microseconds(1)), IsOkAndHolds(0));
+  absl::StatusOr<InsertOutcome> fresh = store_->Insert(KeyedJob("j_second", "k1"));
+  ASSERT_THAT(fresh, IsOk());
+  EXPECT_FALSE(fresh->deduplicated);
+  EXPECT_EQ(fresh->job_id, "j_second");
+  // The old job is still there with its key; the new one now holds the key.
+  Job old = Get("j_first");
+  EXPECT_EQ(old.state, JobState::kSucceeded);
+  EXPECT_EQ(old.spec.idempotency_key, "k1");
+  EXPECT_EQ(old.updated_at, old.finished_at);  // releasing a key does not change the job
+  absl::StatusOr<InsertOutcome> third = store_->Insert(KeyedJob("j_third", "k1"));
+  ASSERT_THAT(third, IsOk());
+  EXPECT_TRUE(third->deduplicated);
+  EXPECT_EQ(third->job_id, "j_second");
+}
+
+TEST_F(PgJobStoreTest, ReleaseIdempotencyKeysCoversCancelledAndExpiredJobsOnlyWithKeys) {
+  Insert(KeyedJob("j_cancelled", "k1"));
+  ASSERT_THAT(store_->Cancel("j_cancelled", "by test"), IsOk());
+  Job expiring = KeyedJob("j_expired", "k2");
+  expiring.spec.dispatch_deadline = absl::Milliseconds(1);
+  Insert(expiring);
+  ASSERT_THAT(store_->ExpireOverdue(absl::Now() + absl::Minutes(1), "capacity"),
+              IsOkAndHolds(ElementsAre("j_expired")));
+  Insert(MakeJob("j_keyless"));
+  ASSERT_THAT(store_->Cancel("j_keyless", "by test"), IsOk());
+  Insert(KeyedJob("j_other_key", "k1", "bob"));  // queued: holds bob's k1
+
+  EXPECT_THAT(store_->ReleaseIdempotencyKeys(absl::Now() + absl::Minutes(1)), IsOkAndHolds(2));
+  for (const char* key : {"k1", "k2"}) {
+    absl::StatusOr<InsertOutcome> outcome =
+        store_->Insert(KeyedJob(absl::StrCat("j_new_", key), key));
+    ASSERT_THAT(outcome, IsOk());
+    EXPECT_FALSE(outcome->deduplicated) << key;
+  }
+  absl::StatusOr<InsertOutcome> bob = store_->Insert(KeyedJob("j_bob_again", "k1", "bob"));
+  ASSERT_THAT(bob, IsOk());
+  EXPECT_TRUE(bob->deduplicated);
+  EXPECT_EQ(bob->job_id, "j_other_key");
+  EXPECT_THAT(store_->ReleaseIdempotencyKeys(absl::InfiniteFuture()),
+              StatusIs(absl::StatusCode::kInvalidArgument, "finished_before"));
+}
+
+TEST_F(PgJobStoreTest, ConcurrentInsertsOfAReleasedKeyCreateOneNewJob) {
+  Insert(KeyedJob("j_old", "same"));
+  ASSERT_THAT(store_->Cancel("j_old", "by test"), IsOk());
+  ASSERT_THAT(store_->ReleaseIdempotencyKeys(absl::Now() + absl::Minutes(1)), IsOkAndHolds(1));
+  constexpr int kThreads = 6;
+  std::vector<std::future<absl::StatusOr<InsertOutcome>>> results;
+  for (int i = 0; i < kThreads; ++i) {
+    results.push_back(std::async(std::launch::async, [this, i] {
+      return store_->Insert(KeyedJob(absl::StrCat("j_race_", i), "same"));
+    }));
+  }
+  std::set<std::string> ids;
+  int inserted = 0;
+  for (auto& f : results) {
+    absl::StatusOr<InsertOutcome> outcome = f.get();
+    ASSERT_THAT(outcome, IsOk());
+    ids.insert(outcome->job_id);
+    if (!outcome->deduplicated) ++inserted;
+  }
+  EXPECT_EQ(inserted, 1);
+  ASSERT_EQ(ids.size(), 1u);
+  EXPECT_NE(*ids.begin(), "j_old");
+}
+
+TEST_F(PgJobStoreTest, ReleaseRacingRepeatsNeverLetsTwoJobsHoldOneKey) {
+  // One thread ends and releases jobs of the key while others keep repeating it: at every
+  // moment at most one job holds the key. An insert may only fail with Aborted (the contract's
+  // "retry"), when the job it collided with let go of the key several times in a row.
+  std::atomic<bool> stop{false};
+  std::thread releaser([&] {
+    while (!stop.load()) {
+      absl::StatusOr<std::vector<Job>> active = store_->LoadActive();
+      if (active.ok()) {
+        for (const Job& j : *active) store_->Cancel(j.id, "by test").IgnoreError();
+      }
+      store_->ReleaseIdempotencyKeys(absl::Now() + absl::Minutes(1)).IgnoreError();
+    }
+  });
+  std::vector<std::future<int>> inserters;
+  for (int t = 0; t < 3; ++t) {
+    inserters.push_back(std::async(std::launch::async, [this, t] {
+      int ok = 0;
+      for (int i = 0; i < 100; ++i) {
+        absl::StatusOr<InsertOutcome> outcome =
+            store_->Insert(KeyedJob(absl::StrCat("j_", t, "_", i), "hot"));
+        if (outcome.ok()) {
+          ++ok;
+        } else {
+          EXPECT_THAT(outcome, StatusIs(absl::StatusCode::kAborted));
+        }
+      }
+      return ok;
+    }));
+  }
+  int ok = 0;
+  for (auto& f : inserters) ok += f.get();
+  EXPECT_GT(ok, 250);
+  stop = true;
+  releaser.join();
+  pqxx::connection conn(db_->url());
+  pqxx::nontransaction txn(conn);
+  EXPECT_LE(txn.exec("SELECT count(*) FROM jobs WHERE idempotency_key = 'hot'")[0][0].as<int>(),
+            1);
 }
 
 TEST_F(PgJobStoreTest, ClaimDispatchesQueuedJobToWorker) {
@@ -588,8 +747,54 @@ TEST_F(PgJobStoreTest, ConcurrentConnectsMigrateOnce) {
   pqxx::connection conn(fresh->url());
   pqxx::nontransaction txn(conn);
   pqxx::result versions = txn.exec("SELECT version FROM schema_migrations ORDER BY version");
-  ASSERT_EQ(versions.size(), 1u);
-  EXPECT_EQ(versions[0][0].as<int>(), 1);
+  ASSERT_EQ(versions.size(), AllMigrations().size());
+  for (size_t i = 0; i < versions.size(); ++i) {
+    EXPECT_EQ(versions[i][0].as<int>(), AllMigrations()[i].version);
+  }
+}
+
+TEST_F(PgJobStoreTest, UpgradeFromVersionOneKeepsTheKeysOfExistingJobs) {
+  absl::StatusOr<TestDatabase> old = TestDatabase::Create("store_upgrade");
+  ASSERT_THAT(old, IsOk());
+  {
+    // A database as the version 1 daemon left it, with a finished job holding a key.
+    pqxx::connection conn(old->url());
+    pqxx::work txn(conn);
+    txn.exec("CREATE TABLE schema_migrations (version int PRIMARY KEY, "
+             "applied_at timestamptz NOT NULL DEFAULT now())");
+    ASSERT_EQ(AllMigrations()[0].version, 1);
+    txn.exec(AllMigrations()[0].sql);
+    txn.exec("INSERT INTO schema_migrations (version) VALUES (1)");
+    txn.exec("INSERT INTO jobs (id, type, payload, fairness_key, idempotency_key, state, "
+             "max_attempts, timeout_ms, finished_at) VALUES ('j_v1', 'echo', 'p', 'alice', "
+             "'k1', 'SUCCEEDED', 3, 1000, now() - interval '1 hour')");
+    txn.commit();
+  }
+  absl::StatusOr<std::unique_ptr<PgJobStore>> store = PgJobStore::Connect({.url = old->url()});
+  ASSERT_THAT(store, IsOk());
+  absl::StatusOr<InsertOutcome> repeat = (*store)->Insert(KeyedJob("j_repeat", "k1"));
+  ASSERT_THAT(repeat, IsOk());
+  EXPECT_TRUE(repeat->deduplicated);
+  EXPECT_EQ(repeat->job_id, "j_v1");
+  EXPECT_THAT((*store)->ReleaseIdempotencyKeys(absl::Now() - absl::Minutes(1)), IsOkAndHolds(1));
+  absl::StatusOr<InsertOutcome> fresh = (*store)->Insert(KeyedJob("j_fresh", "k1"));
+  ASSERT_THAT(fresh, IsOk());
+  EXPECT_FALSE(fresh->deduplicated);
+  absl::StatusOr<Job> v1_job = (*store)->Get("j_v1");
+  ASSERT_THAT(v1_job, IsOk());
+  EXPECT_EQ(v1_job->spec.idempotency_key, "k1");
+
+  // Migrations only add: the version 1 daemon's insert still runs on the new schema, and still
+  // deduplicates against the job holding the key (and not against the released one).
+  pqxx::connection conn(old->url());
+  pqxx::nontransaction txn(conn);
+  const std::string v1_insert =
+      "INSERT INTO jobs (id, type, payload, fairness_key, idempotency_key, state, max_attempts, "
+      "timeout_ms) VALUES ($1, 'echo', 'p', 'alice', $2, 'QUEUED', 3, 1000) "
+      "ON CONFLICT (fairness_key, idempotency_key) WHERE idempotency_key <> '' DO NOTHING "
+      "RETURNING id";
+  EXPECT_TRUE(txn.exec_params(v1_insert, "j_v1_repeat", "k1").empty());
+  EXPECT_EQ(txn.exec_params(v1_insert, "j_v1_new", "k2").size(), 1u);
 }
 
 TEST_F(PgJobStoreTest, ConnectRejectsBadOptions) {

@@ -1,0 +1,395 @@
+// Admission end to end: max_active and max_queue_depth refuse before anything is written (with a
+// retry-after-ms trailer), idempotency keys deduplicate within their window, and Status says why
+// a queued job waits. Real dispatchd, dispatch-worker and dispatchctl processes; row counts are
+// read straight from the test's database.
+
+#include <algorithm>
+#include <chrono>
+#include <latch>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "pqxx/connection"
+#include "pqxx/nontransaction"
+#include "tests/e2e/harness.h"
+#include "tests/testing/pg_test_db.h"
+
+namespace dispatchd::e2e {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+// What a Submit or RunSync answered, with the trailers the server sent.
+struct Answer {
+  grpc::Status status;
+  std::string job_id;
+  bool deduplicated = false;
+  std::multimap<std::string, std::string> trailers;
+
+  // The retry-after-ms trailer as a number; -1 if missing or not a decimal number.
+  int64_t RetryAfterMs() const {
+    auto it = trailers.find("retry-after-ms");
+    int64_t ms = -1;
+    if (it == trailers.end() || it->second.empty() ||
+        !std::all_of(it->second.begin(), it->second.end(), absl::ascii_isdigit) ||
+        !absl::SimpleAtoi(it->second, &ms)) {
+      return -1;
+    }
+    return ms;
+  }
+};
+
+std::chrono::system_clock::time_point In(absl::Duration d) {
+  return std::chrono::system_clock::now() + absl::ToChronoMilliseconds(d);
+}
+
+Answer SubmitTo(v1::JobService::Stub& stub, const v1::JobSpec& spec) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(In(absl::Seconds(10)));
+  v1::SubmitRequest req;
+  *req.mutable_spec() = spec;
+  v1::SubmitResponse resp;
+  Answer a;
+  a.status = stub.Submit(&ctx, req, &resp);
+  a.job_id = resp.job_id();
+  a.deduplicated = resp.deduplicated();
+  for (const auto& [k, v] : ctx.GetServerTrailingMetadata()) {
+    a.trailers.emplace(std::string(k.data(), k.size()), std::string(v.data(), v.size()));
+  }
+  return a;
+}
+
+Answer RunSyncTo(v1::JobService::Stub& stub, const v1::JobSpec& spec, absl::Duration wait) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(In(wait));
+  v1::RunSyncRequest req;
+  *req.mutable_spec() = spec;
+  v1::RunSyncResponse resp;
+  Answer a;
+  a.status = stub.RunSync(&ctx, req, &resp);
+  a.job_id = resp.job().id();
+  for (const auto& [k, v] : ctx.GetServerTrailingMetadata()) {
+    a.trailers.emplace(std::string(k.data(), k.size()), std::string(v.data(), v.size()));
+  }
+  return a;
+}
+
+v1::JobSpec KeyedSpec(const std::string& type, const std::string& payload,
+                      const std::string& idempotency_key, const std::string& fairness_key = "") {
+  v1::JobSpec spec = Spec(type, payload);
+  spec.set_idempotency_key(idempotency_key);
+  if (!fairness_key.empty()) spec.set_fairness_key(fairness_key);
+  return spec;
+}
+
+class AdmissionTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<testing::TestDatabase> db = testing::TestDatabase::Create("e2e_admit");
+    ASSERT_TRUE(db.ok()) << db.status();
+    db_ = std::make_unique<testing::TestDatabase>(*std::move(db));
+  }
+
+  // A daemon whose `types:` list and further top-level settings are `yaml` (types first).
+  std::unique_ptr<Daemon> StartDaemon(const std::string& yaml) {
+    DaemonOptions options{.postgres_url = db_->url(), .types = {}, .extra_yaml = yaml};
+    absl::StatusOr<std::unique_ptr<Daemon>> d = Daemon::Start(options, dir_);
+    EXPECT_TRUE(d.ok()) << d.status();
+    return d.ok() ? *std::move(d) : nullptr;
+  }
+
+  std::unique_ptr<Worker> StartWorker(const Daemon& d, WorkerOptions options) {
+    absl::StatusOr<std::unique_ptr<Worker>> w = Worker::Start(d.address(), options, dir_);
+    EXPECT_TRUE(w.ok()) << w.status();
+    return w.ok() ? *std::move(w) : nullptr;
+  }
+
+  // Runs a count query on the daemon's database.
+  int64_t Count(const std::string& sql) {
+    pqxx::connection conn(db_->url());
+    pqxx::nontransaction txn(conn);
+    return txn.exec(sql)[0][0].as<int64_t>();
+  }
+  int64_t Rows() { return Count("SELECT count(*) FROM jobs"); }
+
+  // Submits `spec` until it is accepted (the gate learns of drained jobs after a loop turn).
+  Answer SubmitUntilAccepted(Daemon& d, const v1::JobSpec& spec) {
+    Answer a;
+    WaitFor(
+        [&] {
+          a = SubmitTo(d.jobs(), spec);
+          return a.status.error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED;
+        },
+        absl::Seconds(30));
+    return a;
+  }
+
+  TempDir dir_;
+  std::unique_ptr<testing::TestDatabase> db_;
+};
+
+TEST_F(AdmissionTest, MaxActiveRefusesBeyondTheCeilingWithRetryAfterAndWritesNothing) {
+  auto d = StartDaemon("  - name: echo\nmax_active: 3\n");
+  ASSERT_NE(d, nullptr);
+  std::vector<std::string> ids;
+  for (int i = 0; i < 3; ++i) {
+    Answer a = SubmitTo(d->jobs(), Spec("echo", absl::StrCat("job ", i)));
+    ASSERT_TRUE(a.status.ok()) << a.status.error_message();
+    ids.push_back(a.job_id);
+  }
+
+  Answer refused = SubmitTo(d->jobs(), Spec("echo", "one too many"));
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(refused.status.error_message(), StartsWith("max_active:"));
+  EXPECT_GT(refused.RetryAfterMs(), 0) << "trailers: " << refused.trailers.size();
+
+  // RunSync goes through the same gate, trailer included.
+  Answer sync = RunSyncTo(d->jobs(), Spec("echo", "sync too"), absl::Seconds(10));
+  EXPECT_EQ(sync.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(sync.status.error_message(), StartsWith("max_active:"));
+  EXPECT_GT(sync.RetryAfterMs(), 0);
+
+  // dispatchctl reports the refusal with its own exit code and the hint.
+  CommandResult ctl = d->Ctl({"submit", "--type", "echo", "--payload", "ctl"});
+  EXPECT_EQ(ctl.exit_code, 6) << ctl.out << ctl.err;
+  EXPECT_THAT(ctl.err, HasSubstr("max_active"));
+  EXPECT_THAT(ctl.err, HasSubstr("retry after"));
+
+  // Refusals wrote nothing, and a bad spec is still INVALID_ARGUMENT, not a refusal.
+  EXPECT_EQ(Rows(), 3);
+  EXPECT_EQ(SubmitTo(d->jobs(), Spec("gold", "x")).status.error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+
+  // Once a worker drains them, submits are accepted again.
+  auto w = StartWorker(*d, {.id = "w1", .slots = 2});
+  ASSERT_NE(w, nullptr);
+  std::vector<v1::Job> jobs;
+  ASSERT_TRUE(d->WaitForTerminal(ids, &jobs, absl::Seconds(60)));
+  for (const v1::Job& j : jobs) EXPECT_EQ(j.state(), v1::JOB_STATE_SUCCEEDED) << j.id();
+  Answer again = SubmitUntilAccepted(*d, Spec("echo", "after drain"));
+  EXPECT_TRUE(again.status.ok()) << again.status.error_message();
+  CommandResult run = d->Ctl({"run", "--type", "echo", "--payload", "hello"});
+  EXPECT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_EQ(absl::StripTrailingAsciiWhitespace(run.out), "hello");
+  EXPECT_EQ(Rows(), 5);
+}
+
+TEST_F(AdmissionTest, MaxQueueDepthRefusesOnlyItsTypeAndRecoversOnceDrained) {
+  auto d = StartDaemon("  - name: echo\n    max_queue_depth: 2\n  - name: other\n");
+  ASSERT_NE(d, nullptr);
+  std::vector<std::string> ids;
+  for (int i = 0; i < 2; ++i) {
+    Answer a = SubmitTo(d->jobs(), Spec("echo", absl::StrCat("job ", i)));
+    ASSERT_TRUE(a.status.ok()) << a.status.error_message();
+    ids.push_back(a.job_id);
+  }
+  Answer refused = SubmitTo(d->jobs(), Spec("echo", "too deep"));
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(refused.status.error_message(), StartsWith("max_queue_depth:"));
+  EXPECT_THAT(refused.status.error_message(), HasSubstr("echo"));
+  EXPECT_GT(refused.RetryAfterMs(), 0);
+
+  Answer other = SubmitTo(d->jobs(), Spec("other", "another type"));
+  EXPECT_TRUE(other.status.ok()) << other.status.error_message();
+  EXPECT_EQ(Rows(), 3);
+  EXPECT_EQ(Count("SELECT count(*) FROM jobs WHERE type = 'echo'"), 2);
+
+  auto w = StartWorker(*d, {.id = "w1", .types = {"echo"}, .slots = 2});
+  ASSERT_NE(w, nullptr);
+  std::vector<v1::Job> jobs;
+  ASSERT_TRUE(d->WaitForTerminal(ids, &jobs, absl::Seconds(60)));
+  Answer again = SubmitUntilAccepted(*d, Spec("echo", "after drain"));
+  EXPECT_TRUE(again.status.ok()) << again.status.error_message();
+  EXPECT_EQ(Count("SELECT count(*) FROM jobs WHERE type = 'echo'"), 3);
+}
+
+TEST_F(AdmissionTest, ConcurrentSubmitsNeverOvershootMaxActive) {
+  auto d = StartDaemon("  - name: echo\nmax_active: 5\n");
+  ASSERT_NE(d, nullptr);
+  constexpr int kClients = 20;
+  std::vector<Answer> answers(kClients);
+  std::latch start(kClients);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kClients; ++i) {
+    threads.emplace_back([&, i] {
+      // A channel each, so that the calls really travel at once.
+      auto stub = v1::JobService::NewStub(
+          grpc::CreateChannel(d->address(), grpc::InsecureChannelCredentials()));
+      start.arrive_and_wait();
+      answers[i] = SubmitTo(*stub, Spec("echo", absl::StrCat("client ", i)));
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  int accepted = 0, refused = 0;
+  for (const Answer& a : answers) {
+    if (a.status.ok()) {
+      ++accepted;
+    } else {
+      EXPECT_EQ(a.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+          << a.status.error_message();
+      EXPECT_THAT(a.status.error_message(), StartsWith("max_active:"));
+      EXPECT_GT(a.RetryAfterMs(), 0);
+      ++refused;
+    }
+  }
+  EXPECT_EQ(accepted, 5);
+  EXPECT_EQ(refused, kClients - 5);
+  EXPECT_EQ(Rows(), 5);
+}
+
+TEST_F(AdmissionTest, RepeatedIdempotencyKeyReturnsTheSameJobMarkedDeduplicated) {
+  auto d = StartDaemon("  - name: echo\nmax_active: 2\n");
+  ASSERT_NE(d, nullptr);
+  Answer first = SubmitTo(d->jobs(), KeyedSpec("echo", "order", "order-1"));
+  ASSERT_TRUE(first.status.ok()) << first.status.error_message();
+  EXPECT_FALSE(first.deduplicated);
+  Answer again = SubmitTo(d->jobs(), KeyedSpec("echo", "order", "order-1"));
+  ASSERT_TRUE(again.status.ok()) << again.status.error_message();
+  EXPECT_TRUE(again.deduplicated);
+  EXPECT_EQ(again.job_id, first.job_id);
+
+  // dispatchctl from the same host is the same caller: it gets the same job.
+  CommandResult ctl =
+      d->Ctl({"submit", "--type", "echo", "--payload", "order", "--idempotency-key", "order-1"});
+  EXPECT_EQ(ctl.exit_code, 0) << ctl.err;
+  EXPECT_EQ(absl::StripTrailingAsciiWhitespace(ctl.out),
+            absl::StrCat(first.job_id, " (deduplicated)"));
+
+  // Another fairness key with the same idempotency key is another job.
+  Answer bob = SubmitTo(d->jobs(), KeyedSpec("echo", "order", "order-1", "bob"));
+  ASSERT_TRUE(bob.status.ok()) << bob.status.error_message();
+  EXPECT_FALSE(bob.deduplicated);
+  EXPECT_NE(bob.job_id, first.job_id);
+  EXPECT_EQ(Rows(), 2);
+
+  // Repeats held no admission room: at max_active 2 with both jobs active, a new job is refused
+  // (the reservations of the duplicates were given back, not leaked)...
+  Answer full = SubmitTo(d->jobs(), Spec("echo", "new work"));
+  EXPECT_EQ(full.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  // ...and after the jobs end, within the default 24h window, a repeat is still the same job.
+  auto w = StartWorker(*d, {.id = "w1"});
+  ASSERT_NE(w, nullptr);
+  std::vector<v1::Job> jobs;
+  ASSERT_TRUE(d->WaitForTerminal({first.job_id, bob.job_id}, &jobs, absl::Seconds(60)));
+  Answer after = SubmitUntilAccepted(*d, KeyedSpec("echo", "order", "order-1"));
+  ASSERT_TRUE(after.status.ok()) << after.status.error_message();
+  EXPECT_TRUE(after.deduplicated);
+  EXPECT_EQ(after.job_id, first.job_id);
+  // RunSync with the key answers with the finished job at once.
+  Answer sync = RunSyncTo(d->jobs(), KeyedSpec("echo", "order", "order-1"), absl::Seconds(10));
+  ASSERT_TRUE(sync.status.ok()) << sync.status.error_message();
+  EXPECT_EQ(sync.job_id, first.job_id);
+  // And the gate gave every duplicate's room back: two new jobs fit under max_active 2.
+  for (int i = 0; i < 2; ++i) {
+    Answer a = SubmitUntilAccepted(*d, Spec("echo", absl::StrCat("fresh ", i)));
+    EXPECT_TRUE(a.status.ok()) << a.status.error_message();
+  }
+  EXPECT_EQ(Rows(), 4);
+}
+
+TEST_F(AdmissionTest, IdempotencyKeyIsFreeAgainAfterTheWindow) {
+  auto d = StartDaemon("  - name: echo\nidempotency_window: 1s\n");
+  ASSERT_NE(d, nullptr);
+  auto w = StartWorker(*d, {.id = "w1"});
+  ASSERT_NE(w, nullptr);
+  ASSERT_TRUE(d->WaitForWorkers(1));
+  Answer first = SubmitTo(d->jobs(), KeyedSpec("echo", "nightly", "report-7"));
+  ASSERT_TRUE(first.status.ok()) << first.status.error_message();
+  std::vector<v1::Job> jobs;
+  ASSERT_TRUE(d->WaitForTerminal({first.job_id}, &jobs, absl::Seconds(60)));
+  ASSERT_EQ(jobs[0].state(), v1::JOB_STATE_SUCCEEDED);
+
+  absl::SleepFor(absl::Seconds(2));
+  // The release sweep runs about once a second: allow it a few more turns.
+  Answer later;
+  bool fresh = WaitFor(
+      [&] {
+        later = SubmitTo(d->jobs(), KeyedSpec("echo", "nightly", "report-7"));
+        return later.status.ok() && !later.deduplicated;
+      },
+      absl::Seconds(10));
+  ASSERT_TRUE(fresh) << later.status.error_message() << " deduplicated=" << later.deduplicated;
+  EXPECT_NE(later.job_id, first.job_id);
+  ASSERT_TRUE(d->WaitForTerminal({later.job_id}, &jobs, absl::Seconds(60)));
+  EXPECT_EQ(jobs[0].state(), v1::JOB_STATE_SUCCEEDED);
+  // The old job is still readable; the new one now holds the key.
+  absl::StatusOr<v1::Job> old = d->Status(first.job_id);
+  ASSERT_TRUE(old.ok()) << old.status();
+  EXPECT_EQ(old->state(), v1::JOB_STATE_SUCCEEDED);
+  Answer repeat = SubmitTo(d->jobs(), KeyedSpec("echo", "nightly", "report-7"));
+  ASSERT_TRUE(repeat.status.ok());
+  if (repeat.deduplicated) {
+    EXPECT_EQ(repeat.job_id, later.job_id);
+  }
+  EXPECT_EQ(Count("SELECT count(*) FROM jobs "
+                  "WHERE coalesce(released_idempotency_key, idempotency_key) = 'report-7'"),
+            repeat.deduplicated ? 2 : 3);
+}
+
+TEST_F(AdmissionTest, StatusSaysWhyAQueuedJobWaitsAndWhereItStands) {
+  auto d = StartDaemon("  - name: echo\n  - name: gpu\n");
+  ASSERT_NE(d, nullptr);
+  auto w = StartWorker(*d, {.id = "w1", .types = {"echo"}, .slots = 1,
+                            .mode = {"--simulate", "100%:60s"}});
+  ASSERT_NE(w, nullptr);
+  ASSERT_TRUE(d->WaitForWorkers(1));
+
+  // No connected worker serves "gpu".
+  absl::StatusOr<std::string> gpu = d->Submit(Spec("gpu", "needs a gpu"));
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  absl::StatusOr<v1::Job> gpu_job = d->Status(*gpu);
+  ASSERT_TRUE(gpu_job.ok()) << gpu_job.status();
+  EXPECT_EQ(gpu_job->state(), v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(gpu_job->wait_reason(), "no_worker");
+  EXPECT_EQ(gpu_job->queue_position(), 1);
+  EXPECT_EQ(gpu_job->keys_ahead(), 0);
+
+  // The only echo slot is busy with a long job.
+  absl::StatusOr<std::string> busy = d->Submit(Spec("echo", "long"));
+  ASSERT_TRUE(busy.ok()) << busy.status();
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        absl::StatusOr<v1::Job> j = d->Status(*busy);
+        return j.ok() && j->state() == v1::JOB_STATE_RUNNING;
+      },
+      absl::Seconds(30)));
+  absl::StatusOr<v1::Job> running = d->Status(*busy);
+  ASSERT_TRUE(running.ok());
+  EXPECT_EQ(running->wait_reason(), "");  // only queued jobs wait
+  EXPECT_EQ(running->queue_position(), 0);
+
+  absl::StatusOr<std::string> next = d->Submit(Spec("echo", "next"));
+  absl::StatusOr<std::string> after = d->Submit(Spec("echo", "after"));
+  ASSERT_TRUE(next.ok() && after.ok());
+  absl::StatusOr<v1::Job> next_job = d->Status(*next);
+  ASSERT_TRUE(next_job.ok()) << next_job.status();
+  EXPECT_EQ(next_job->state(), v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(next_job->wait_reason(), "workers_busy");
+  EXPECT_EQ(next_job->queue_position(), 1);
+  absl::StatusOr<v1::Job> after_job = d->Status(*after);
+  ASSERT_TRUE(after_job.ok()) << after_job.status();
+  EXPECT_EQ(after_job->wait_reason(), "workers_busy");
+  EXPECT_EQ(after_job->queue_position(), 2);
+  EXPECT_EQ(after_job->keys_ahead(), 0);
+
+  // The wait fields travel in dispatchctl's JSON too.
+  CommandResult json = d->Ctl({"--json", "status", *after});
+  EXPECT_EQ(json.exit_code, 4) << json.err;  // still active
+  EXPECT_THAT(json.out, HasSubstr("workers_busy"));
+}
+
+}  // namespace
+}  // namespace dispatchd::e2e
