@@ -315,4 +315,26 @@ TEST_F(StatsTest, CtlSubmitSaysWhenARepeatWasDeduplicated) {
 }
 
 }  // namespace
+// A model type without a VRAM budget is allowed but warned about at start, naming the key.
+TEST(StartupWarningTest, ModelWithoutVramBudgetIsLoggedAtStart) {
+  absl::StatusOr<testing::TestDatabase> db = testing::TestDatabase::Create("e2e");
+  ASSERT_TRUE(db.ok()) << db.status();
+  TempDir dir;
+  DaemonOptions options;
+  options.postgres_url = db->url();
+  options.types = {};
+  options.extra_yaml = R"(  - name: embed
+    model: bge
+  - name: chat
+    model: llama
+    vram_gb: 10
+)";
+  absl::StatusOr<std::unique_ptr<Daemon>> d = Daemon::Start(options, dir);
+  ASSERT_TRUE(d.ok()) << d.status();
+  std::string log = (*d)->process().Log();
+  EXPECT_THAT(log, HasSubstr("types[0].vram_gb"));
+  EXPECT_THAT(log, HasSubstr("\"bge\""));
+  EXPECT_THAT(log, ::testing::Not(HasSubstr("\"llama\") has no VRAM budget")));
+}
+
 }  // namespace dispatchd::e2e
