@@ -846,7 +846,14 @@ Scheduler::Choice Scheduler::ChooseFor(WorkerState& w, absl::Time now) {
     }
     if (resident != nullptr) return {resident, false};
     if (!loads.empty()) {
-      // Load the model with the deepest queue this worker can serve; ties go by order.
+      // Load the model with the deepest queue this worker can serve, counting each queue per
+      // worker that already has the model loaded: two workers freed at once load two different
+      // deep models rather than the same one. Ties go by order.
+      for (LoadCandidate& c : loads) {
+        int64_t serving = 1;
+        for (const auto& [rank, other] : by_rank_) serving += other != &w && Resident(*other, c.model);
+        c.depth /= serving;
+      }
       Job* pick = nullptr;
       int64_t depth = 0;
       for (const LoadCandidate& c : loads) {

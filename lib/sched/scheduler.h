@@ -154,10 +154,13 @@ struct SchedulerStats {
 //
 // Placement. Workers are filled in a fixed rank order (join order), so surplus workers drain to
 // idle. A worker with a free slot takes, in its highest tier with work for it:
-//   1. a job of a model that has been starved (no worker served it, and its oldest job waited,
-//      for longer than the type's max_affinity_wait), oldest first: the bounded swap budget;
+//   1. a job of a model it must load that has waited longer than its type's max_affinity_wait,
+//      if that job's key has used less than the key of the job rule 2 would pick: the bounded
+//      swap budget (one client's many models never thrash a worker; a lighter client is served
+//      within about max_affinity_wait plus one job);
 //   2. else the best-ordered job of a model it has resident (or a job with no model): affinity;
-//   3. else it loads the model with the deepest queue it can serve (ties by order).
+//   3. else it loads the model with the deepest queue it can serve, that depth divided by the
+//      workers already holding the model (ties by order).
 // A model loads only if the VRAM of the models in use on the worker plus the new one fits; idle
 // resident models are evicted to make room. A worker that must leave a model still in use for a
 // starved one takes no more work until the swap fits.

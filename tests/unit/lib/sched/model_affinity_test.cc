@@ -160,6 +160,31 @@ TEST(ModelAffinityTest, PrefersAWorkerWithTheModelResident) {
   EXPECT_FALSE(d[0].loads_model);
 }
 
+TEST(ModelAffinityTest, WorkersFreedTogetherLoadDifferentDeepModels) {
+  config::Config c;
+  for (const char* m : {"m1", "m2", "m3"}) {
+    c.types.push_back({.name = std::string("llm-") + m, .model = m, .vram_gb = 20});
+  }
+  Scheduler s(c, kT0);
+  std::vector<std::string> types = {"llm-m1", "llm-m2", "llm-m3"};
+  s.AddWorker({.id = "w0", .types = types, .slots = 1, .vram_gb = 24, .models_resident = {"m1"}});
+  s.AddWorker({.id = "w1", .types = types, .slots = 1, .vram_gb = 24});
+  s.Enqueue(Llm("a", "llm-m1", 0));
+  ASSERT_THAT(Ids(s.Decide(kT0)), ElementsAre("a"));  // w0 runs m1; nothing else queued yet
+  for (int i = 0; i < 10; ++i) s.Enqueue(Llm("m2-" + std::to_string(i), "llm-m2", 1 + i));
+  for (int i = 0; i < 9; ++i) s.Enqueue(Llm("m3-" + std::to_string(i), "llm-m3", 20 + i));
+  std::vector<Dispatch> d = s.Decide(kT0 + absl::Seconds(30));
+  ASSERT_THAT(d, SizeIs(1));
+  EXPECT_EQ(d[0].worker_id, "w1");
+  EXPECT_EQ(d[0].model, "m2");  // the deepest queue
+  // w0's model has no work left: m2 is deeper (9 to 9, and older), but w1 already serves it.
+  s.Finished("a", kT0 + absl::Seconds(30), absl::Seconds(1));
+  d = s.Decide(kT0 + absl::Seconds(30));
+  ASSERT_THAT(d, SizeIs(1));
+  EXPECT_EQ(d[0].worker_id, "w0");
+  EXPECT_EQ(d[0].model, "m3");
+}
+
 // Four models, 250 jobs each, interleaved as many users would submit them; two workers with VRAM
 // for one model each; jobs of 1 s. Affinity loads each model about once, where a plain FIFO
 // queue swaps on nearly every job.
