@@ -165,8 +165,9 @@ struct SchedulerStats {
 // resident models are evicted to make room. A worker that must leave a model still in use for a
 // starved one takes no more work until the swap fits.
 //
-// The "fifo" policy orders by arrival alone, ignores tiers' priority and model affinity, and keeps
-// every cap, conflict, rate limit and VRAM rule: a plain queue to compare against.
+// The "fifo" policy orders by arrival alone and ignores tiers (priority and cap) and model
+// affinity; type caps, conflicts, rate limits and VRAM still hold: a plain queue to compare
+// against.
 //
 // The scheduler is pure: it takes events and returns decisions; it never touches a socket, a
 // database or a clock. The caller passes `now`.
