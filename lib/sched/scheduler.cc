@@ -1,12 +1,15 @@
 #include "lib/sched/scheduler.h"
 
 #include <algorithm>
+#include <cmath>
 #include <tuple>
 #include <utility>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "lib/sched/scheduler_internal.h"
 #include "lib/util/check.h"
 
 namespace dispatchd::sched {
@@ -29,128 +32,8 @@ absl::string_view ToString(WaitReason reason) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Internal state. Pending jobs live in lanes: one lane per (group, fairness key), a group being
-// the pending jobs of one type with one label set. Everything a skip rule looks at except
-// conflicts (tier, type, model, labels) is the same for every job of a group, so Decide tests a
-// group once instead of each job, and a group's best job is the head of its best lane. Conflicts
-// differ per job: a lane of a conflict type keeps its jobs by (conflict key, arrival) and only the
-// head of each resource whose conflict key is free is "ready".
+// Internal state: see scheduler_internal.h.
 
-struct Scheduler::TierState {
-  std::string name;
-  int priority = 0;
-  int cap = config::kUnlimited;
-  int64_t queued = 0;
-  int64_t running = 0;
-  std::vector<TypeState*> types;
-  // Fairness keys with a ready job in this tier, by accumulated cost (then address: equal costs
-  // are compared by their jobs' arrival when chosen).
-  std::set<std::pair<double, KeyState*>> keys;
-};
-
-struct Scheduler::ModelState {
-  std::string name;
-  double vram = 0;
-  absl::Time last_served = absl::InfinitePast();
-  int64_t queued = 0;
-  int64_t running = 0;
-};
-
-struct Scheduler::TypeState {
-  std::string name;
-  size_t index = 0;
-  config::JobTypeConfig cfg;
-  bool configured = false;
-  TierState* tier = nullptr;
-  ModelState* model = nullptr;
-  TokenBucket* bucket = nullptr;
-  int running = 0;
-  int64_t queued = 0;
-  std::vector<std::unique_ptr<Group>> groups;
-};
-
-struct Scheduler::Group {
-  TypeState* type = nullptr;
-  std::vector<std::pair<std::string, std::string>> labels;  // sorted
-  std::string signature;
-  absl::flat_hash_map<KeyState*, std::unique_ptr<Lane>> lanes;
-  absl::btree_set<std::pair<Ord, Lane*>> by_age;  // lanes with a ready job, by their head's arrival
-  int64_t ready = 0;                              // ready jobs in all lanes
-  // What the worker being decided for can do with this group (valid while stamp matches).
-  uint64_t stamp = 0;
-  Fit fit = Fit::kNo;
-};
-
-struct Scheduler::Lane {
-  Group* group = nullptr;
-  KeyState* key = nullptr;
-  absl::btree_set<std::pair<Ord, Job*>> ready;
-  // Conflict types only: every pending job of the lane by (conflict key, arrival).
-  absl::btree_set<std::tuple<absl::string_view, Ord, Job*>> by_conflict;
-  int64_t pending = 0;
-  bool filed = false;  // has a ready job: in its group's by_age and counted in its TierKey
-  Ord aged_head{};
-};
-
-// A key's lanes in one tier, and its place in the tier's key order.
-struct Scheduler::TierKey {
-  std::vector<Lane*> lanes;
-  int ready_lanes = 0;
-  bool filed = false;
-  double filed_cost = 0;
-};
-
-struct Scheduler::KeyState {
-  std::string name;
-  double cost = 0;
-  int64_t pending = 0;
-  int64_t placed = 0;
-  absl::Time idle_since = absl::InfinitePast();
-  std::vector<Lane*> lanes;
-  absl::flat_hash_map<TierState*, std::unique_ptr<TierKey>> tiers;
-};
-
-struct Scheduler::Job {
-  enum class Where { kDelayed, kLane, kPlaced };
-  std::string id;
-  int32_t attempt = 0;
-  TypeState* type = nullptr;
-  std::string resource;
-  std::string conflict;  // "group\x1fresource", or empty when it conflicts with nothing
-  KeyState* key = nullptr;
-  job::Labels labels;
-  Ord ord{};
-  absl::Time not_before = absl::InfinitePast();
-  Where where = Where::kDelayed;
-  Lane* lane = nullptr;
-  bool in_ready = false;
-  // Placed jobs.
-  WorkerState* worker = nullptr;  // null: adopted before its worker connected
-  std::string worker_id;
-  ModelState* model = nullptr;
-  double charged = 0;
-  double start_tag = 0;
-};
-
-struct Scheduler::WorkerState {
-  WorkerSpec spec;
-  int64_t rank = 0;
-  std::vector<bool> serves;  // by TypeState::index
-  int busy = 0;
-  int capacity = 0;
-  bool draining = false;
-  double vram_in_use = 0;
-  absl::flat_hash_map<ModelState*, int> in_use;
-  absl::flat_hash_set<ModelState*> resident;
-  ModelState* swap_to = nullptr;
-  int64_t loads = 0;
-  absl::flat_hash_set<Job*> jobs;
-};
-
-struct Scheduler::Choice {
-  Job* job = nullptr;
-  bool loads = false;
-};
 
 namespace {
 
@@ -1245,6 +1128,117 @@ SchedulerStats Scheduler::Stats(absl::Time now, size_t max_keys) const {
     s.keys.push_back(out);
   }
   return s;
+}
+
+std::vector<std::string> Scheduler::Audit(bool repair) {
+  std::vector<std::string> drifts;
+  // Compares a held count with the recount, notes a drift and repairs it if asked.
+  auto check = [&](auto& held, auto counted, const std::string& what, const char* name,
+                   const char* source) {
+    if (held == counted) return false;
+    drifts.push_back(absl::StrCat(what, ": ", name, " ", held, ", ", source, " ", counted));
+    if (repair) held = counted;
+    return true;
+  };
+  struct Counts {
+    int64_t running = 0, queued = 0;
+  };
+  absl::flat_hash_map<const TypeState*, Counts> types;
+  absl::flat_hash_map<const TierState*, Counts> tiers;
+  absl::flat_hash_map<const ModelState*, Counts> models;
+  absl::flat_hash_map<const KeyState*, Counts> keys;
+  absl::flat_hash_map<const WorkerState*, int> busy;
+  absl::flat_hash_map<const WorkerState*, absl::flat_hash_map<ModelState*, int>> in_use;
+  absl::flat_hash_map<std::string, int> conflicts;
+  int64_t placed = 0, pending = 0;
+  for (const auto& [id, j] : jobs_) {
+    if (j->where == Job::Where::kPlaced) {
+      ++placed;
+      ++types[j->type].running;
+      ++tiers[j->type->tier].running;
+      if (j->model != nullptr) ++models[j->model].running;
+      ++keys[j->key].running;
+      if (j->worker != nullptr) {
+        ++busy[j->worker];
+        if (j->model != nullptr) ++in_use[j->worker][j->model];
+      }
+      if (!j->conflict.empty()) ++conflicts[j->conflict];
+    } else {
+      ++pending;
+      ++types[j->type].queued;
+      ++tiers[j->type->tier].queued;
+      if (j->type->model != nullptr) ++models[j->type->model].queued;
+      ++keys[j->key].queued;
+    }
+  }
+  check(placed_count_, static_cast<size_t>(placed), "scheduler", "placed", "jobs placed");
+  check(pending_count_, static_cast<size_t>(pending), "scheduler", "pending", "jobs pending");
+  for (auto& [name, t] : types_) {
+    Counts c = types[t.get()];
+    check(t->running, static_cast<int>(c.running), "type " + name, "running", "jobs placed");
+    check(t->queued, c.queued, "type " + name, "queued", "jobs pending");
+  }
+  for (auto& [value, tier] : tiers_) {
+    Counts c = tiers[tier.get()];
+    check(tier->running, c.running, "tier " + tier->name, "running", "jobs placed");
+    check(tier->queued, c.queued, "tier " + tier->name, "queued", "jobs pending");
+  }
+  for (auto& [name, m] : models_) {
+    Counts c = models[m.get()];
+    check(m->running, c.running, "model " + name, "running", "jobs placed");
+    check(m->queued, c.queued, "model " + name, "queued", "jobs pending");
+  }
+  for (auto& [name, k] : keys_) {
+    Counts c = keys[k.get()];
+    check(k->placed, c.running, "key \"" + name + "\"", "placed", "jobs placed");
+    check(k->pending, c.queued, "key \"" + name + "\"", "pending", "jobs pending");
+  }
+  for (auto& [id, w] : workers_) {
+    const std::string what = "worker " + id;
+    bool changed = check(w->busy, busy[w.get()], what, "busy", "jobs placed on it");
+    absl::flat_hash_map<ModelState*, int>& want = in_use[w.get()];
+    if (w->in_use != want) {
+      drifts.push_back(absl::StrCat(what, ": models in use differ from its jobs' models"));
+      if (repair) w->in_use = want;
+    }
+    double vram = 0;
+    for (const auto& [model, n] : want) vram += model->vram;
+    if (std::abs(w->vram_in_use - vram) > 1e-6) {
+      drifts.push_back(absl::StrCat(what, ": vram_in_use ", w->vram_in_use, ", its jobs' models ",
+                                    vram));
+      if (repair) w->vram_in_use = vram;
+    }
+    if (repair && changed) UpdateAvailable(*w);
+  }
+  // Conflict keys: a count wrong in either direction changes which queued jobs are ready.
+  std::vector<std::pair<std::string, bool>> toggles;
+  for (const auto& [key, n] : conflicts_running_) {
+    auto it = conflicts.find(key);
+    int want = it == conflicts.end() ? 0 : it->second;
+    if (n == want) continue;
+    drifts.push_back(absl::StrCat("conflict ", absl::CHexEscape(key), ": running ", n,
+                                  ", jobs placed ", want));
+    if (want == 0) toggles.push_back({key, false});
+  }
+  for (const auto& [key, n] : conflicts) {
+    if (conflicts_running_.contains(key)) continue;
+    drifts.push_back(absl::StrCat("conflict ", absl::CHexEscape(key), ": running 0, jobs placed ",
+                                  n));
+    toggles.push_back({key, true});
+  }
+  if (repair) {
+    conflicts_running_ = conflicts;
+    for (const auto& [key, busy_now] : toggles) SetConflictBusy(key, busy_now);
+  }
+  for (auto& [name, t] : types_) {
+    for (auto& g : t->groups) {
+      int64_t ready = 0;
+      for (const auto& [key, lane] : g->lanes) ready += static_cast<int64_t>(lane->ready.size());
+      check(g->ready, ready, "type " + name + " labels {" + g->signature + "}", "ready",
+            "ready jobs in its lanes");
+    }
+  }
+  return drifts;
 }
 
 int64_t Scheduler::queued_of_type(const std::string& type) const {

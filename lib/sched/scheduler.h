@@ -254,6 +254,14 @@ class Scheduler {
   // A snapshot for operators; `keys` holds the `max_keys` lowest-cost fairness keys.
   SchedulerStats Stats(absl::Time now, size_t max_keys = SIZE_MAX) const;
 
+  // Recounts every count derived from the jobs held (running and queued per type, tier and
+  // model; a worker's busy slots and VRAM in use; running jobs per conflict key; a key's jobs;
+  // ready jobs per group) and returns one line per count that had drifted, e.g.
+  // "worker gpu-1: busy 3, jobs placed on it 2". With `repair` the counts are set right, so a
+  // leaked slot cannot freeze a queue nor a lost one break a cap. A drift is a bug: the caller
+  // logs it.
+  std::vector<std::string> Audit(bool repair);
+
   size_t pending_count() const { return pending_count_; }
   size_t placed_count() const { return placed_count_; }
   // Jobs of `type` waiting (queued, including those not yet due).
@@ -267,6 +275,7 @@ class Scheduler {
   double KeyCost(const std::string& fairness_key) const;
 
  private:
+  friend class SchedulerTestPeer;  // tests inject drift to check Audit
   struct Job;
   struct Lane;
   struct Group;

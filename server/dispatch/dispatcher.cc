@@ -19,6 +19,8 @@ constexpr absl::Duration kSweepInterval = absl::Milliseconds(200);
 constexpr absl::Duration kExpiryInterval = absl::Seconds(1);
 constexpr absl::Duration kStoreErrorPause = absl::Seconds(1);
 constexpr size_t kMaxDispatchesPerRound = 512;
+// How often the scheduler's derived counts are recounted (Scheduler::Audit).
+constexpr absl::Duration kAuditInterval = absl::Seconds(10);
 
 const char kExpiredError[] = "capacity: no worker took the job before its dispatch deadline";
 
@@ -363,6 +365,15 @@ void Dispatcher::Sweep(absl::Time now) {
                 absl::StrCat("timeout: attempt ", attempt, " ran longer than ",
                              absl::FormatDuration(e.job.spec.timeout)),
                 /*retryable=*/true, now);
+  }
+
+  // The scheduler's counts are derived from its jobs; a drift is a bug, but must never freeze a
+  // queue or break a cap: recount, log and repair.
+  if (now >= next_audit_) {
+    next_audit_ = now + kAuditInterval;
+    for (const std::string& drift : scheduler_.Audit(/*repair=*/true)) {
+      server::Log("dispatch")->error("scheduler count drifted and was repaired: {}", drift);
+    }
   }
 
   // Rows a failed write left DISPATCHED go back to the queue once the store answers again.

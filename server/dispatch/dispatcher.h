@@ -149,6 +149,7 @@ class Dispatcher {
   std::vector<std::string> unreturned_;  // DISPATCHED rows a failed write left to return
   absl::Time next_sweep_ = absl::InfinitePast();
   absl::Time next_expiry_ = absl::InfinitePast();
+  absl::Time next_audit_ = absl::InfinitePast();
   absl::Time dispatch_paused_until_ = absl::InfinitePast();
   uint64_t next_session_ = 1;
 };

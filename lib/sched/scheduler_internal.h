@@ -1,0 +1,148 @@
+#pragma once
+
+// The scheduler's internal state, shared by scheduler.cc and tests that inject faults
+// (SchedulerTestPeer). Nothing else includes it.
+
+#include <memory>
+#include <set>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "absl/container/btree_set.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "lib/config/config.h"
+#include "lib/sched/scheduler.h"
+#include "lib/sched/token_bucket.h"
+
+namespace dispatchd::sched {
+
+// Internal state. Pending jobs live in lanes: one lane per (group, fairness key), a group being
+// the pending jobs of one type with one label set. Everything a skip rule looks at except
+// conflicts (tier, type, model, labels) is the same for every job of a group, so Decide tests a
+// group once instead of each job. Each tier orders the keys that have ready jobs in it by cost;
+// Decide walks them and takes the oldest ready head among a key's lanes in groups the worker can
+// take. Conflicts differ per job: a lane of a conflict type keeps its jobs by (conflict key,
+// arrival) and only the head of each resource whose conflict key is free is "ready".
+
+struct Scheduler::TierState {
+  std::string name;
+  int priority = 0;
+  int cap = config::kUnlimited;
+  int64_t queued = 0;
+  int64_t running = 0;
+  std::vector<TypeState*> types;
+  // Fairness keys with a ready job in this tier, by accumulated cost (then address: equal costs
+  // are compared by their jobs' arrival when chosen).
+  std::set<std::pair<double, KeyState*>> keys;
+};
+
+struct Scheduler::ModelState {
+  std::string name;
+  double vram = 0;
+  absl::Time last_served = absl::InfinitePast();
+  int64_t queued = 0;
+  int64_t running = 0;
+};
+
+struct Scheduler::TypeState {
+  std::string name;
+  size_t index = 0;
+  config::JobTypeConfig cfg;
+  bool configured = false;
+  TierState* tier = nullptr;
+  ModelState* model = nullptr;
+  TokenBucket* bucket = nullptr;
+  int running = 0;
+  int64_t queued = 0;
+  std::vector<std::unique_ptr<Group>> groups;
+};
+
+struct Scheduler::Group {
+  TypeState* type = nullptr;
+  std::vector<std::pair<std::string, std::string>> labels;  // sorted
+  std::string signature;
+  absl::flat_hash_map<KeyState*, std::unique_ptr<Lane>> lanes;
+  absl::btree_set<std::pair<Ord, Lane*>> by_age;  // lanes with a ready job, by their head's arrival
+  int64_t ready = 0;                              // ready jobs in all lanes
+  // What the worker being decided for can do with this group (valid while stamp matches).
+  uint64_t stamp = 0;
+  Fit fit = Fit::kNo;
+};
+
+struct Scheduler::Lane {
+  Group* group = nullptr;
+  KeyState* key = nullptr;
+  absl::btree_set<std::pair<Ord, Job*>> ready;
+  // Conflict types only: every pending job of the lane by (conflict key, arrival).
+  absl::btree_set<std::tuple<absl::string_view, Ord, Job*>> by_conflict;
+  int64_t pending = 0;
+  bool filed = false;  // has a ready job: in its group's by_age and counted in its TierKey
+  Ord aged_head{};
+};
+
+// A key's lanes in one tier, and its place in the tier's key order.
+struct Scheduler::TierKey {
+  std::vector<Lane*> lanes;
+  int ready_lanes = 0;
+  bool filed = false;
+  double filed_cost = 0;
+};
+
+struct Scheduler::KeyState {
+  std::string name;
+  double cost = 0;
+  int64_t pending = 0;
+  int64_t placed = 0;
+  absl::Time idle_since = absl::InfinitePast();
+  std::vector<Lane*> lanes;
+  absl::flat_hash_map<TierState*, std::unique_ptr<TierKey>> tiers;
+};
+
+struct Scheduler::Job {
+  enum class Where { kDelayed, kLane, kPlaced };
+  std::string id;
+  int32_t attempt = 0;
+  TypeState* type = nullptr;
+  std::string resource;
+  std::string conflict;  // "group\x1fresource", or empty when it conflicts with nothing
+  KeyState* key = nullptr;
+  job::Labels labels;
+  Ord ord{};
+  absl::Time not_before = absl::InfinitePast();
+  Where where = Where::kDelayed;
+  Lane* lane = nullptr;
+  bool in_ready = false;
+  // Placed jobs.
+  WorkerState* worker = nullptr;  // null: adopted before its worker connected
+  std::string worker_id;
+  ModelState* model = nullptr;
+  double charged = 0;
+  double start_tag = 0;
+};
+
+struct Scheduler::WorkerState {
+  WorkerSpec spec;
+  int64_t rank = 0;
+  std::vector<bool> serves;  // by TypeState::index
+  int busy = 0;
+  int capacity = 0;
+  bool draining = false;
+  double vram_in_use = 0;
+  absl::flat_hash_map<ModelState*, int> in_use;
+  absl::flat_hash_set<ModelState*> resident;
+  ModelState* swap_to = nullptr;
+  int64_t loads = 0;
+  absl::flat_hash_set<Job*> jobs;
+};
+
+struct Scheduler::Choice {
+  Job* job = nullptr;
+  bool loads = false;
+};
+
+}  // namespace dispatchd::sched
