@@ -22,6 +22,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -334,6 +335,11 @@ int Main(int argc, char** argv) {
                  "Jobs run at once; more are refused RESOURCE_EXHAUSTED (default: --slots)")
       ->check(CLI::PositiveNumber);
   app.add_option("--labels", labels_flag, "Placement labels k=v,k2=v2");
+  std::string memory_file;
+  app.add_option("--memory-file", memory_file,
+                 "Report memory use from this file instead of /proc/meminfo: one line "
+                 "`RAM_USED RAM_TOTAL [GPU_USED]` in bytes, re-read at each heartbeat (for an "
+                 "external monitor, or to test memory throttling)");
   double gpu_memory_gb = 0;
   app.add_option("--gpu-memory-gb", gpu_memory_gb,
                  "Report one GPU with this much memory (GB): the daemon then loads only models "
@@ -388,6 +394,16 @@ int Main(int argc, char** argv) {
   }
   if (options.types.empty()) return UsageError("--types: at least one type is required");
   options.slots = slots;
+  if (!memory_file.empty()) {
+    options.memory_probe = [memory_file] {
+      WorkerOptions::MemoryReport r;
+      std::ifstream in(memory_file);
+      int64_t gpu_used = 0;
+      in >> r.ram_used_bytes >> r.ram_total_bytes;
+      if (in >> gpu_used) r.gpu_used_bytes.push_back(gpu_used);
+      return r;
+    };
+  }
   if (gpu_memory_gb > 0) {
     options.gpus.push_back({.id = "0", .memory_total_bytes = static_cast<int64_t>(gpu_memory_gb * 1e9)});
   }

@@ -612,9 +612,20 @@ void Worker::SessionTimerLoop(std::shared_ptr<Session> session) {
       }
       return;
     }
-    auto [used, total] = ReadMemInfo();
-    heartbeat.mutable_heartbeat()->set_ram_used_bytes(used);
-    heartbeat.mutable_heartbeat()->set_ram_total_bytes(total);
+    v1::Heartbeat* hb = heartbeat.mutable_heartbeat();
+    if (options_.memory_probe) {
+      WorkerOptions::MemoryReport report = options_.memory_probe();
+      hb->set_ram_used_bytes(report.ram_used_bytes);
+      hb->set_ram_total_bytes(report.ram_total_bytes);
+      for (int i = 0; i < hb->gpus_size() && i < static_cast<int>(report.gpu_used_bytes.size());
+           ++i) {
+        hb->mutable_gpus(i)->set_memory_used_bytes(report.gpu_used_bytes[i]);
+      }
+    } else {
+      auto [used, total] = ReadMemInfo();
+      hb->set_ram_used_bytes(used);
+      hb->set_ram_total_bytes(total);
+    }
     session->Write(heartbeat);
   }
 }

@@ -57,6 +57,14 @@ struct WorkerOptions {
     int64_t memory_total_bytes = 0;
   };
   std::vector<Gpu> gpus;
+  // Memory reported in heartbeats. Default (unset): host RAM from /proc/meminfo and no GPU use.
+  // The daemon stops sending jobs to a worker whose use passes its throttle thresholds.
+  struct MemoryReport {
+    int64_t ram_used_bytes = 0;
+    int64_t ram_total_bytes = 0;
+    std::vector<int64_t> gpu_used_bytes;  // per entry of `gpus`
+  };
+  std::function<MemoryReport()> memory_probe;
   // Reconnect backoff bounds (exponential with jitter).
   absl::Duration reconnect_min = absl::Milliseconds(100);
   absl::Duration reconnect_max = absl::Seconds(5);

@@ -1,5 +1,7 @@
 #include "lib/config/config.h"
 
+#include <tuple>
+
 #include "absl/strings/string_view.h"
 
 #include "absl/container/flat_hash_map.h"
@@ -79,6 +81,19 @@ absl::Status Config::Validate() const {
     return Bad("scheduler.cost_alpha", absl::StrCat("must be in (0, 1], got ", scheduler.cost_alpha));
   }
   if (scheduler.key_ttl <= absl::ZeroDuration()) return Bad("scheduler.key_ttl", "must be positive");
+  for (const auto& [key, throttle, resume] :
+       {std::tuple{"ram", memory_throttle.ram_percent, memory_throttle.ram_resume_percent},
+        std::tuple{"gpu", memory_throttle.gpu_percent, memory_throttle.gpu_resume_percent}}) {
+    if (!(throttle > 0 && throttle <= 100)) {
+      return Bad(absl::StrCat("memory_throttle.", key, "_percent"),
+                 absl::StrCat("must be in (0, 100], got ", throttle));
+    }
+    if (!(resume >= 0 && resume < throttle)) {
+      return Bad(absl::StrCat("memory_throttle.", key, "_resume_percent"),
+                 absl::StrCat("must be >= 0 and below ", key, "_percent (", throttle, "), got ",
+                              resume));
+    }
+  }
   absl::flat_hash_set<absl::string_view> tier_names;
   for (size_t i = 0; i < tiers.size(); ++i) {
     std::string key = absl::StrCat("tiers[", i, "]");

@@ -69,6 +69,16 @@ struct JobTypeConfig {
   const std::string& rate_key() const { return model.empty() ? name : model; }
 };
 
+// `memory_throttle:` in the YAML file: a worker whose RAM or GPU memory use (percent of total, from
+// its heartbeats) passes a throttle threshold gets no new jobs until it drops below the lower
+// resume threshold.
+struct MemoryThrottleConfig {
+  double ram_percent = 90;
+  double ram_resume_percent = 80;
+  double gpu_percent = 85;
+  double gpu_resume_percent = 75;
+};
+
 // `scheduler:` in the YAML file.
 struct SchedulerConfig {
   // "fair": tiers, weighted fair queuing and model affinity. "fifo": arrival order only (caps,
@@ -117,6 +127,7 @@ struct Config {
   absl::Duration idempotency_window = absl::Hours(24);
   PostgresConfig postgres;
   SchedulerConfig scheduler;
+  MemoryThrottleConfig memory_throttle;
   std::vector<TierConfig> tiers;
   std::vector<JobTypeConfig> types;
 

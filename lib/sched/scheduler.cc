@@ -24,6 +24,7 @@ absl::string_view ToString(WaitReason reason) {
     case WaitReason::kRateLimit: return "rate_limit";
     case WaitReason::kNoWorker: return "no_worker";
     case WaitReason::kWorkersBusy: return "workers_busy";
+    case WaitReason::kMemory: return "memory";
     case WaitReason::kVram: return "vram";
     case WaitReason::kAffinity: return "affinity";
     case WaitReason::kInLine: return "in_line";
@@ -465,6 +466,7 @@ void Scheduler::AddWorker(const WorkerSpec& spec) {
   w.rank = rank;
   w.capacity = std::max(spec.slots, 0);
   w.draining = false;
+  w.throttled = false;
   w.swap_to = nullptr;
   w.serves.assign(types_.size(), false);
   for (const std::string& t : spec.types) {
@@ -534,8 +536,15 @@ void Scheduler::Heartbeat(const std::string& worker_id) {
   }
 }
 
+void Scheduler::SetThrottled(const std::string& worker_id, bool throttled) {
+  if (auto it = workers_.find(worker_id); it != workers_.end()) {
+    it->second->throttled = throttled;
+    UpdateAvailable(*it->second);
+  }
+}
+
 void Scheduler::UpdateAvailable(WorkerState& w) {
-  if (!w.draining && w.busy < w.capacity) {
+  if (!w.draining && !w.throttled && w.busy < w.capacity) {
     available_.insert({w.rank, &w});
   } else {
     available_.erase({w.rank, &w});
@@ -968,18 +977,21 @@ WaitReason Scheduler::WhyGroupWaits(const Group& g, absl::Time now) const {
   if (t.tier->running >= t.tier->cap) return WaitReason::kTierCap;
   if (t.running >= t.cfg.max_concurrency) return WaitReason::kTypeCap;
   if (t.bucket != nullptr && !t.bucket->Ready(now)) return WaitReason::kRateLimit;
-  bool any = false, free = false, fits = false;
+  bool any = false, free = false, unthrottled = false, fits = false;
   for (const auto& [rank, w] : by_rank_) {
     if (!ServesAndMatches(*w, g)) continue;
     any = true;
     if (w->draining || w->busy >= w->capacity) continue;
     free = true;
+    if (w->throttled) continue;
+    unthrottled = true;
     if (!Fits(*w, t.model)) continue;
     fits = true;
     if (Resident(*w, t.model) && w->swap_to == nullptr) return WaitReason::kInLine;
   }
   if (!any) return WaitReason::kNoWorker;
   if (!free) return WaitReason::kWorkersBusy;
+  if (!unthrottled) return WaitReason::kMemory;
   if (!fits) return WaitReason::kVram;
   return WaitReason::kAffinity;
 }
@@ -1281,6 +1293,7 @@ std::vector<WorkerView> Scheduler::Workers() const {
                  .busy = w->busy,
                  .capacity = w->capacity,
                  .draining = w->draining,
+                 .throttled = w->throttled,
                  .vram_gb = w->spec.vram_gb,
                  .vram_in_use_gb = w->vram_in_use,
                  .model_loads = w->loads};

@@ -76,6 +76,7 @@ enum class WaitReason {
   kRateLimit,      // its model's token bucket is empty
   kNoWorker,       // no connected worker serves its type and labels
   kWorkersBusy,    // workers that could take it have no free slot
+  kMemory,         // workers with a free slot are memory-throttled
   kVram,           // workers with a free slot have no VRAM for its model
   kAffinity,       // free workers stay on their resident models (see max_affinity_wait)
   kInLine,         // it could run, but other jobs come first
@@ -99,6 +100,7 @@ struct WorkerView {
   int busy = 0;           // jobs placed on it (dispatched or running)
   int capacity = 0;       // slots it is believed to accept now (<= slots; lowered by refusals)
   bool draining = false;
+  bool throttled = false;  // memory-throttled: no new jobs
   double vram_gb = -1;
   double vram_in_use_gb = 0;
   std::vector<std::string> models_resident;  // sorted
@@ -215,6 +217,10 @@ class Scheduler {
 
   // The worker stops taking new work.
   void SetDraining(const std::string& worker_id, bool draining);
+
+  // The worker's memory passed its throttle threshold (true) or fell below its resume threshold
+  // (false): a throttled worker gets no new jobs (see NextThrottleState).
+  void SetThrottled(const std::string& worker_id, bool throttled);
 
   // The worker reported the models it has loaded (Hello, heartbeat).
   void SetResidentModels(const std::string& worker_id, const std::vector<std::string>& models);

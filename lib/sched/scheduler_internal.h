@@ -132,6 +132,7 @@ struct Scheduler::WorkerState {
   int busy = 0;
   int capacity = 0;
   bool draining = false;
+  bool throttled = false;
   double vram_in_use = 0;
   absl::flat_hash_map<ModelState*, int> in_use;
   absl::flat_hash_set<ModelState*> resident;

@@ -175,7 +175,7 @@ config::Config ParseRoot(const YAML::Node& root) {
   ForEachKey(root, "",
              {"listen", "state_dir", "log_level", "max_payload_bytes", "heartbeat_interval",
               "worker_stale_after", "orphan_grace", "max_active", "idempotency_window", "postgres",
-              "scheduler", "tiers", "types"},
+              "scheduler", "memory_throttle", "tiers", "types"},
              [&](const std::string& key, const std::string& full, const YAML::Node& v) {
                if (key == "listen") c.listen = String(v, full);
                if (key == "state_dir") c.state_dir = String(v, full);
@@ -202,6 +202,18 @@ config::Config ParseRoot(const YAML::Node& root) {
                               if (k == "policy") c.scheduler.policy = String(sv, f);
                               if (k == "cost_alpha") c.scheduler.cost_alpha = Number(sv, f);
                               if (k == "key_ttl") c.scheduler.key_ttl = Duration(sv, f);
+                            });
+               }
+               if (key == "memory_throttle") {
+                 config::MemoryThrottleConfig& m = c.memory_throttle;
+                 ForEachKey(v, full,
+                            {"ram_percent", "ram_resume_percent", "gpu_percent",
+                             "gpu_resume_percent"},
+                            [&](const std::string& k, const std::string& f, const YAML::Node& mv) {
+                              if (k == "ram_percent") m.ram_percent = Number(mv, f);
+                              if (k == "ram_resume_percent") m.ram_resume_percent = Number(mv, f);
+                              if (k == "gpu_percent") m.gpu_percent = Number(mv, f);
+                              if (k == "gpu_resume_percent") m.gpu_resume_percent = Number(mv, f);
                             });
                }
                if (key == "tiers") {

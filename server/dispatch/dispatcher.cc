@@ -131,6 +131,7 @@ void Dispatcher::WorkerMessage(std::shared_ptr<WorkerLink> link, v1::WorkerMessa
       case v1::WorkerMessage::kResult: OnResult(worker_id, msg.result(), now); break;
       case v1::WorkerMessage::kHeartbeat:
         scheduler_.Heartbeat(worker_id);
+        CheckMemory(worker_id, msg.heartbeat());
         scheduler_.SetResidentModels(worker_id, {msg.heartbeat().models_resident().begin(),
                                                  msg.heartbeat().models_resident().end()});
         break;
@@ -171,6 +172,7 @@ std::vector<v1::WorkerInfo> Dispatcher::Workers() {
       convert::ToProto(s.last_seen, info.mutable_last_seen());
       info.set_rank(w.rank);
       info.set_draining(w.draining);
+      info.set_memory_throttled(w.throttled);
       for (const std::string& m : w.models_resident) info.add_models_resident(m);
       info.set_vram_gb(w.vram_gb);
       info.set_vram_in_use_gb(w.vram_in_use_gb);
@@ -701,6 +703,28 @@ void Dispatcher::SendCancel(const std::string& worker_id, const std::string& job
   c->set_attempt(attempt);
   c->set_reason(reason);
   SendTo(worker_id, std::move(msg));
+}
+
+void Dispatcher::CheckMemory(const std::string& worker_id, const v1::Heartbeat& heartbeat) {
+  auto it = sessions_.find(worker_id);
+  if (it == sessions_.end()) return;
+  sched::MemoryUse use{.ram_used_bytes = heartbeat.ram_used_bytes(),
+                       .ram_total_bytes = heartbeat.ram_total_bytes()};
+  for (const v1::Gpu& g : heartbeat.gpus()) {
+    use.gpus.push_back({.used_bytes = g.memory_used_bytes(), .total_bytes = g.memory_total_bytes()});
+  }
+  std::string why;
+  bool& throttled = it->second.throttled;
+  bool next = sched::NextThrottleState(throttled, use, config_.memory_throttle, &why);
+  if (next == throttled) return;
+  throttled = next;
+  scheduler_.SetThrottled(worker_id, next);
+  if (next) {
+    server::Log("dispatch")->warn("memory throttle on worker={}: {}; no new jobs until it drops",
+                                  worker_id, why);
+  } else {
+    server::Log("dispatch")->info("memory throttle off worker={}: {}", worker_id, why);
+  }
 }
 
 sched::PendingJob Dispatcher::ToPending(const job::Job& job) const {

@@ -17,6 +17,7 @@
 #include "lib/config/config.h"
 #include "lib/job/job.h"
 #include "lib/sched/admission_gate.h"
+#include "lib/sched/memory_throttle.h"
 #include "lib/sched/scheduler.h"
 #include "lib/util/clock.h"
 #include "server/dispatch/job_events.h"
@@ -91,6 +92,7 @@ class Dispatcher {
     std::string peer;
     absl::Time connected_at;
     absl::Time last_seen;
+    bool throttled = false;  // memory over its throttle threshold, not yet below resume
   };
 
   void Post(std::function<void()> task) ABSL_LOCKS_EXCLUDED(mu_);
@@ -122,6 +124,8 @@ class Dispatcher {
   void SendTo(const std::string& worker_id, v1::DaemonMessage msg);
   void SendCancel(const std::string& worker_id, const std::string& job_id, int32_t attempt,
                   const std::string& reason);
+  // Applies the memory throttle to a worker from its heartbeat, with hysteresis.
+  void CheckMemory(const std::string& worker_id, const v1::Heartbeat& heartbeat);
   sched::PendingJob ToPending(const job::Job& job) const;
   sched::PlacedJob ToPlaced(const job::Job& job, const std::string& worker_id) const;
   // How long an attempt that started at `started_at` has run, if that is known.
