@@ -241,4 +241,16 @@ TEST(ConfigTest, NoVramWarningWhenAnyTypeOfTheModelSetsIt) {
 }
 
 }  // namespace
+TEST(ConfigTest, MemoryThrottleResumeMustBeBelowThrottle) {
+  Config c = ValidConfig();
+  c.memory_throttle.ram_resume_percent = 90;  // equal to ram_percent: it would never resume
+  EXPECT_THAT(c.Validate(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                     "memory_throttle.ram_resume_percent: must be >= 0 and below "
+                                     "ram_percent (90)"));
+  c = ValidConfig();
+  c.memory_throttle.gpu_percent = 120;
+  EXPECT_THAT(c.Validate(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                     "memory_throttle.gpu_percent: must be in (0, 100]"));
+}
+
 }  // namespace dispatchd::config
