@@ -94,6 +94,12 @@ absl::Status Config::Validate() const {
                               resume));
     }
   }
+  if (overflow_hook.interval <= absl::ZeroDuration()) {
+    return Bad("overflow_hook.interval", "must be positive");
+  }
+  if (overflow_hook.timeout <= absl::ZeroDuration()) {
+    return Bad("overflow_hook.timeout", "must be positive");
+  }
   absl::flat_hash_set<absl::string_view> tier_names;
   for (size_t i = 0; i < tiers.size(); ++i) {
     std::string key = absl::StrCat("tiers[", i, "]");

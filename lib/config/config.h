@@ -79,6 +79,16 @@ struct MemoryThrottleConfig {
   double gpu_resume_percent = 75;
 };
 
+// `overflow_hook:` in the YAML file: a command run when jobs wait for capacity, so that a fleet
+// manager can add workers. Empty command: off.
+struct OverflowHookConfig {
+  std::string command;
+  // At most one run per interval, however long the overflow lasts.
+  absl::Duration interval = absl::Minutes(1);
+  // A run still going after this is killed.
+  absl::Duration timeout = absl::Seconds(30);
+};
+
 // `scheduler:` in the YAML file.
 struct SchedulerConfig {
   // "fair": tiers, weighted fair queuing and model affinity. "fifo": arrival order only (caps,
@@ -128,6 +138,7 @@ struct Config {
   PostgresConfig postgres;
   SchedulerConfig scheduler;
   MemoryThrottleConfig memory_throttle;
+  OverflowHookConfig overflow_hook;
   std::vector<TierConfig> tiers;
   std::vector<JobTypeConfig> types;
 

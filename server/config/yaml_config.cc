@@ -175,7 +175,7 @@ config::Config ParseRoot(const YAML::Node& root) {
   ForEachKey(root, "",
              {"listen", "state_dir", "log_level", "max_payload_bytes", "heartbeat_interval",
               "worker_stale_after", "orphan_grace", "max_active", "idempotency_window", "postgres",
-              "scheduler", "memory_throttle", "tiers", "types"},
+              "scheduler", "memory_throttle", "overflow_hook", "tiers", "types"},
              [&](const std::string& key, const std::string& full, const YAML::Node& v) {
                if (key == "listen") c.listen = String(v, full);
                if (key == "state_dir") c.state_dir = String(v, full);
@@ -202,6 +202,14 @@ config::Config ParseRoot(const YAML::Node& root) {
                               if (k == "policy") c.scheduler.policy = String(sv, f);
                               if (k == "cost_alpha") c.scheduler.cost_alpha = Number(sv, f);
                               if (k == "key_ttl") c.scheduler.key_ttl = Duration(sv, f);
+                            });
+               }
+               if (key == "overflow_hook") {
+                 ForEachKey(v, full, {"command", "interval", "timeout"},
+                            [&](const std::string& k, const std::string& f, const YAML::Node& hv) {
+                              if (k == "command") c.overflow_hook.command = String(hv, f);
+                              if (k == "interval") c.overflow_hook.interval = Duration(hv, f);
+                              if (k == "timeout") c.overflow_hook.timeout = Duration(hv, f);
                             });
                }
                if (key == "memory_throttle") {

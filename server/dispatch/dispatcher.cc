@@ -33,7 +33,8 @@ Dispatcher::Dispatcher(config::Config config, store::JobStore& store, Clock& clo
       clock_(clock),
       events_(events),
       scheduler_(config_, clock.TimeNow()),
-      admission_(config_) {}
+      admission_(config_),
+      overflow_hook_(config_.overflow_hook, config_.state_dir + "/overflow-hook.log") {}
 
 Dispatcher::~Dispatcher() { Stop(); }
 
@@ -367,6 +368,19 @@ void Dispatcher::Sweep(absl::Time now) {
                 absl::StrCat("timeout: attempt ", attempt, " ran longer than ",
                              absl::FormatDuration(e.job.spec.timeout)),
                 /*retryable=*/true, now);
+  }
+
+  // Spawn on overflow: jobs that wait for capacity (no worker, all busy, throttled or without
+  // VRAM), as opposed to caps, conflicts or rate limits, ask for more workers.
+  if (overflow_hook_.Due(now)) {
+    std::vector<std::pair<std::string, int64_t>> backlog;
+    for (const sched::SchedulerStats::Type& t : scheduler_.Stats(now, /*max_keys=*/0).types) {
+      bool capacity = t.head == sched::WaitReason::kNoWorker ||
+                      t.head == sched::WaitReason::kWorkersBusy ||
+                      t.head == sched::WaitReason::kMemory || t.head == sched::WaitReason::kVram;
+      if (capacity && t.queued > 0) backlog.emplace_back(t.name, t.queued);
+    }
+    overflow_hook_.MaybeRun(now, backlog);
   }
 
   // The scheduler's counts are derived from its jobs; a drift is a bug, but must never freeze a

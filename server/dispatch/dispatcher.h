@@ -21,6 +21,7 @@
 #include "lib/sched/scheduler.h"
 #include "lib/util/clock.h"
 #include "server/dispatch/job_events.h"
+#include "server/dispatch/overflow_hook.h"
 #include "server/dispatch/worker_link.h"
 #include "server/store/job_store.h"
 
@@ -147,6 +148,7 @@ class Dispatcher {
   // Loop-confined state.
   sched::Scheduler scheduler_;
   sched::AdmissionGate admission_;
+  OverflowHook overflow_hook_;
   int64_t ended_since_publish_ = 0;  // jobs that left jobs_ for good since the last PublishLoad
   absl::flat_hash_map<std::string, Entry> jobs_;
   absl::flat_hash_map<std::string, Session> sessions_;

@@ -253,4 +253,16 @@ TEST(ConfigTest, MemoryThrottleResumeMustBeBelowThrottle) {
                                      "memory_throttle.gpu_percent: must be in (0, 100]"));
 }
 
+TEST(ConfigTest, OverflowHookNeedsAPositiveIntervalAndTimeout) {
+  Config c = ValidConfig();
+  c.overflow_hook.command = "scale-up";
+  c.overflow_hook.interval = absl::ZeroDuration();
+  EXPECT_THAT(c.Validate(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                     "overflow_hook.interval: must be positive"));
+  c = ValidConfig();
+  c.overflow_hook.timeout = absl::Seconds(-1);
+  EXPECT_THAT(c.Validate(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                     "overflow_hook.timeout: must be positive"));
+}
+
 }  // namespace dispatchd::config

@@ -1,0 +1,76 @@
+// Spawn on overflow: when jobs wait for capacity the daemon runs the configured command, at most
+// once per interval, with the backlog per type in its environment.
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_split.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/e2e/harness.h"
+#include "tests/testing/pg_test_db.h"
+
+namespace dispatchd::e2e {
+namespace {
+
+using ::testing::Each;
+using ::testing::HasSubstr;
+
+std::vector<std::string> Lines(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::vector<std::string> out;
+  for (absl::string_view line : absl::StrSplit(ss.str(), '\n', absl::SkipEmpty())) {
+    out.emplace_back(line);
+  }
+  return out;
+}
+
+TEST(OverflowHookTest, RunsWithTheBacklogWhileJobsWaitForCapacityAtMostOncePerInterval) {
+  absl::StatusOr<testing::TestDatabase> db = testing::TestDatabase::Create("e2e");
+  ASSERT_TRUE(db.ok()) << db.status();
+  TempDir dir;
+  const std::string calls = dir.File("calls");
+  DaemonOptions options;
+  options.postgres_url = db->url();
+  options.types = {{.name = "echo"}, {.name = "embed"}};
+  options.extra_yaml = "overflow_hook:\n  command: 'echo \"$DISPATCHD_BACKLOG_TOTAL $DISPATCHD_BACKLOG\" >> " +
+                       calls + "'\n  interval: 1s\n";
+  absl::StatusOr<std::unique_ptr<Daemon>> daemon = Daemon::Start(options, dir);
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  Daemon& d = **daemon;
+
+  // No backlog: the hook stays quiet.
+  absl::SleepFor(absl::Seconds(1.5));
+  EXPECT_TRUE(Lines(calls).empty());
+
+  // Three echo jobs and one embed job, and no worker: capacity is short.
+  std::vector<std::string> ids;
+  for (int i = 0; i < 3; ++i) ids.push_back(*d.Submit(Spec("echo", "x")));
+  ids.push_back(*d.Submit(Spec("embed", "x")));
+  const absl::Time start = absl::Now();
+  ASSERT_TRUE(WaitFor([&] { return Lines(calls).size() >= 2; }, absl::Seconds(10)));
+  std::vector<std::string> lines = Lines(calls);
+  EXPECT_EQ(lines[0], "4 echo=3 embed=1");
+  // At most one run per interval (1 s): over the time waited, no more runs than seconds + 1.
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  EXPECT_LE(static_cast<double>(Lines(calls).size()), seconds + 1.0);
+
+  // A worker takes the jobs: the overflow ends and the hook stops being called.
+  absl::StatusOr<std::unique_ptr<Worker>> worker =
+      Worker::Start(d.address(), {.id = "w", .types = {"echo", "embed"}, .slots = 4}, dir);
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  std::vector<v1::Job> done;
+  ASSERT_TRUE(d.WaitForTerminal(ids, &done, absl::Seconds(15)));
+  absl::SleepFor(absl::Seconds(1.2));  // a run already started may still append
+  size_t after = Lines(calls).size();
+  absl::SleepFor(absl::Seconds(2.5));
+  EXPECT_EQ(Lines(calls).size(), after);
+  EXPECT_THAT(d.process().Log(), HasSubstr("overflow hook started"));
+}
+
+}  // namespace
+}  // namespace dispatchd::e2e
