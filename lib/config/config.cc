@@ -100,6 +100,14 @@ absl::Status Config::Validate() const {
   if (overflow_hook.timeout <= absl::ZeroDuration()) {
     return Bad("overflow_hook.timeout", "must be positive");
   }
+  if (ha.lease < absl::Milliseconds(500)) {
+    return Bad("ha.lease",
+               absl::StrCat("must be at least 500ms, got ", absl::FormatDuration(ha.lease)));
+  }
+  if (!ha.advertise_address.empty() && !ValidListen(ha.advertise_address)) {
+    return Bad("ha.advertise_address",
+               absl::StrCat("want host:port, got \"", ha.advertise_address, "\""));
+  }
   absl::flat_hash_set<absl::string_view> tier_names;
   for (size_t i = 0; i < tiers.size(); ++i) {
     std::string key = absl::StrCat("tiers[", i, "]");

@@ -113,6 +113,18 @@ struct PostgresConfig {
   absl::Duration connect_wait = absl::Seconds(10);
 };
 
+// `ha:` in the YAML file. Several daemons may share one database: one leads (holds a PostgreSQL
+// advisory lock and schedules), the others are standbys that serve clients and point workers at
+// the leader. A single daemon simply always leads.
+struct HaConfig {
+  // How long a leader that stops renewing its lease (frozen, cut off) keeps it before a standby
+  // removes it. A dead leader's lock is freed at once; a standby checks every `lease / 4`.
+  absl::Duration lease = absl::Seconds(10);
+  // The address workers and clients are told to use for this daemon when it leads. Empty: the
+  // address it listens on (fine unless that is a wildcard or behind a proxy).
+  std::string advertise_address;
+};
+
 // The daemon's whole configuration. Defaults sit in the member initializers; Validate() says
 // which key is wrong.
 struct Config {
@@ -139,6 +151,7 @@ struct Config {
   SchedulerConfig scheduler;
   MemoryThrottleConfig memory_throttle;
   OverflowHookConfig overflow_hook;
+  HaConfig ha;
   std::vector<TierConfig> tiers;
   std::vector<JobTypeConfig> types;
 

@@ -1,5 +1,6 @@
 #include "lib/sched/admission.h"
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -84,6 +85,18 @@ absl::Duration RetryBackoff(const config::JobTypeConfig& type, int attempt) {
   absl::Duration d = type.retry_backoff;
   for (int i = 1; i < attempt && d < type.max_backoff; ++i) d *= 2;
   return std::min(d, type.max_backoff);
+}
+
+absl::Duration RetryBackoff(const config::JobTypeConfig& type, int attempt,
+                            absl::string_view job_id) {
+  const absl::Duration ceiling = RetryBackoff(type, attempt);
+  // FNV-1a of (job id, attempt): stable across runs and restarts, spread across jobs.
+  uint64_t h = 14695981039346656037ull;
+  auto mix = [&h](unsigned char c) { h = (h ^ c) * 1099511628211ull; };
+  for (char c : job_id) mix(static_cast<unsigned char>(c));
+  for (int i = 0; i < 4; ++i) mix(static_cast<unsigned char>(attempt >> (8 * i)));
+  const double u = static_cast<double>(h >> 11) * 0x1.0p-53;  // [0, 1)
+  return ceiling / 2 + (ceiling / 2) * u;
 }
 
 }  // namespace dispatchd::sched

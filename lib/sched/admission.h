@@ -1,6 +1,9 @@
 #pragma once
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+
 #include "lib/config/config.h"
 #include "lib/job/job.h"
 
@@ -14,5 +17,11 @@ absl::StatusOr<job::JobSpec> ResolveSpec(const config::Config& config, job::JobS
 // Delay before the retry that follows `attempt` failed attempts: retry_backoff doubled per
 // attempt, capped at max_backoff.
 absl::Duration RetryBackoff(const config::JobTypeConfig& type, int attempt);
+
+// The delay actually used: uniform in [RetryBackoff/2, RetryBackoff] ("equal jitter"), drawn
+// from a hash of (job_id, attempt), so that jobs failed together by one fault do not come back
+// in lockstep, while the same job and attempt always get the same delay.
+absl::Duration RetryBackoff(const config::JobTypeConfig& type, int attempt,
+                            absl::string_view job_id);
 
 }  // namespace dispatchd::sched

@@ -504,6 +504,15 @@ std::vector<std::string> Scheduler::RemoveWorker(const std::string& worker_id) {
   return orphans;
 }
 
+std::vector<std::string> Scheduler::JobsOn(const std::string& worker_id) const {
+  std::vector<std::string> ids;
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end()) return ids;
+  for (const Job* j : it->second->jobs) ids.push_back(j->id);
+  std::sort(ids.begin(), ids.end());
+  return ids;
+}
+
 void Scheduler::SetDraining(const std::string& worker_id, bool draining) {
   if (auto it = workers_.find(worker_id); it != workers_.end()) {
     it->second->draining = draining;

@@ -277,6 +277,8 @@ class Scheduler {
   bool IsPending(const std::string& job_id) const;
   // Worker holding a placed job, or empty.
   std::string WorkerOf(const std::string& job_id) const;
+  // Ids of the jobs placed on `worker_id`, sorted; empty for an unknown worker.
+  std::vector<std::string> JobsOn(const std::string& worker_id) const;
   std::vector<WorkerView> Workers() const;
   double KeyCost(const std::string& fairness_key) const;
 

@@ -175,7 +175,7 @@ config::Config ParseRoot(const YAML::Node& root) {
   ForEachKey(root, "",
              {"listen", "state_dir", "log_level", "max_payload_bytes", "heartbeat_interval",
               "worker_stale_after", "orphan_grace", "max_active", "idempotency_window", "postgres",
-              "scheduler", "memory_throttle", "overflow_hook", "tiers", "types"},
+              "scheduler", "memory_throttle", "overflow_hook", "ha", "tiers", "types"},
              [&](const std::string& key, const std::string& full, const YAML::Node& v) {
                if (key == "listen") c.listen = String(v, full);
                if (key == "state_dir") c.state_dir = String(v, full);
@@ -210,6 +210,13 @@ config::Config ParseRoot(const YAML::Node& root) {
                               if (k == "command") c.overflow_hook.command = String(hv, f);
                               if (k == "interval") c.overflow_hook.interval = Duration(hv, f);
                               if (k == "timeout") c.overflow_hook.timeout = Duration(hv, f);
+                            });
+               }
+               if (key == "ha") {
+                 ForEachKey(v, full, {"lease", "advertise_address"},
+                            [&](const std::string& k, const std::string& f, const YAML::Node& hv) {
+                              if (k == "lease") c.ha.lease = Duration(hv, f);
+                              if (k == "advertise_address") c.ha.advertise_address = String(hv, f);
                             });
                }
                if (key == "memory_throttle") {

@@ -58,6 +58,18 @@ TEST(ConfigTest, StaleThresholdMustExceedTwoHeartbeats) {
   EXPECT_THAT(c.Validate(), IsOk());
 }
 
+TEST(ConfigTest, LeaseMustBeAtLeastHalfASecondAndAdvertisedAddressHostPort) {
+  Config c = ValidConfig();
+  c.ha.lease = absl::Milliseconds(400);
+  EXPECT_THAT(c.Validate(), StatusIs(absl::StatusCode::kInvalidArgument, "ha.lease"));
+  c.ha.lease = absl::Seconds(2);
+  EXPECT_THAT(c.Validate(), IsOk());
+  c.ha.advertise_address = "no-port";
+  EXPECT_THAT(c.Validate(), StatusIs(absl::StatusCode::kInvalidArgument, "ha.advertise_address"));
+  c.ha.advertise_address = "10.0.0.5:7411";
+  EXPECT_THAT(c.Validate(), IsOk());
+}
+
 TEST(ConfigTest, RefusesBadListenAddress) {
   Config c = ValidConfig();
   c.listen = "localhost";
