@@ -41,6 +41,14 @@ struct TypeStateCount {
   int64_t count = 0;
 };
 
+// Where a job stands, without its payload or result.
+struct JobRef {
+  std::string job_id;
+  job::JobState state = job::JobState::kQueued;
+  int32_t attempt = 0;
+  std::string worker_id;
+};
+
 // Outcome of Cancel.
 struct CancelOutcome {
   job::Job job;               // after the cancellation
@@ -54,6 +62,11 @@ struct CancelOutcome {
 // Thread-safe: each call checks a connection out of an internal pool for its duration.
 // Errors: Unavailable (database unreachable), Aborted (serialization conflict: retry),
 // NotFound, FailedPrecondition, InvalidArgument, Internal.
+//
+// Fencing: the writes only the leading daemon makes (Claim, MarkRunning, ReturnToQueue, Retry,
+// Finish, ExpireOverdue, ReleaseIdempotencyKeys) carry the leader epoch set by SetFence and
+// change nothing once another daemon has become the leader: then they fail FailedPrecondition
+// ("fenced: ..."). Insert, Cancel and the reads are open to every daemon.
 class JobStore {
  public:
   virtual ~JobStore() = default;
@@ -115,6 +128,22 @@ class JobStore {
 
   // Jobs in QUEUED, DISPATCHED or RUNNING.
   virtual absl::StatusOr<int64_t> CountActive() = 0;
+
+  // Counts of QUEUED, DISPATCHED and RUNNING jobs by type and state.
+  virtual absl::StatusOr<std::vector<TypeStateCount>> CountActiveByTypeAndState() = 0;
+
+  // State, attempt and worker of each job in `job_ids` that exists (in no particular order).
+  virtual absl::StatusOr<std::vector<JobRef>> GetRefs(const std::vector<std::string>& job_ids) = 0;
+
+  // Every DISPATCHED and RUNNING job.
+  virtual absl::StatusOr<std::vector<JobRef>> LoadPlacedRefs() = 0;
+
+  // Tells the leading daemon, wherever it runs, that the row of `job_id` changed behind its back
+  // (a standby inserted or cancelled it). Best effort: the leader also recounts on a schedule.
+  virtual absl::Status NotifyChanged(const std::string& job_id) = 0;
+
+  // The leader epoch the fenced writes carry from now on (see the class comment).
+  virtual void SetFence(int64_t epoch) = 0;
 };
 
 }  // namespace dispatchd::store

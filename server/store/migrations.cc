@@ -87,9 +87,32 @@ CREATE INDEX jobs_idempotency_held ON jobs (finished_at)
   WHERE idempotency_key <> '' AND finished_at IS NOT NULL;
 )sql";
 
+// Version 3: leadership among daemons that share the database.
+//
+// - One row. `epoch` grows by one each time a daemon becomes the leader (it holds the session
+//   advisory lock kLeaderLockKey while it leads). Every write the leader makes to a job carries
+//   its epoch and locks this row FOR SHARE while checking it (pg_job_store.cc, "Fencing"), so
+//   once a new leader's bump commits, a deposed leader's writes change nothing; the bump itself
+//   waits for the old leader's writes in flight.
+// - holder and address say who leads and where workers and clients find it; renewed_at is
+//   moved on by the leader every lease/4, so a standby can tell a frozen leader from a live one.
+// - The row starts at epoch 0, which is also the fence of a store that never had a leader (tests
+//   of the store alone).
+constexpr char kMigration3Leader[] = R"sql(
+CREATE TABLE dispatchd_leader (
+  id int PRIMARY KEY CHECK (id = 1),
+  epoch bigint NOT NULL,
+  holder text NOT NULL DEFAULT '',
+  address text NOT NULL DEFAULT '',
+  renewed_at timestamptz NOT NULL DEFAULT now()
+);
+INSERT INTO dispatchd_leader (id, epoch) VALUES (1, 0);
+)sql";
+
 constexpr Migration kMigrations[] = {
     {1, "jobs table", kMigration1Jobs},
     {2, "idempotency window", kMigration2IdempotencyWindow},
+    {3, "leader", kMigration3Leader},
 };
 
 }  // namespace

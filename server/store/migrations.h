@@ -22,6 +22,9 @@ absl::Span<const Migration> AllMigrations();
 // at once on one database do not race. Distinct from every other advisory lock dispatchd takes.
 inline constexpr int64_t kMigrationLockKey = 0x64'69'73'70'6d'69'67'72;  // "dispmigr"
 
+// Key of the session-scoped advisory lock the leading daemon holds (pg_leader_lease.h).
+inline constexpr int64_t kLeaderLockKey = 0x64'69'73'70'6c'65'61'64;  // "displead"
+
 // Brings the schema of `conn`'s database up to the newest version: in one transaction, under
 // pg_advisory_xact_lock(kMigrationLockKey), applies each migration newer than the highest version
 // in schema_migrations and records it there. Idempotent. A database already migrated past the

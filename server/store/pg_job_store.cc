@@ -27,6 +27,7 @@
 
 #include "lib/util/status_macros.h"
 #include "server/store/migrations.h"
+#include "server/store/pg_conninfo.h"
 #include "server/store/pg_error.h"
 
 namespace dispatchd::store {
@@ -58,6 +59,15 @@ struct Statement {
   "(extract(epoch FROM updated_at) * 1000000)::int8"
 
 #define DISPATCHD_PG_ACTIVE_STATES "('QUEUED', 'DISPATCHED', 'RUNNING')"
+
+// Fencing. Each write the leader makes to a job names the leader epoch it holds in parameter $n
+// and runs only while dispatchd_leader still has that epoch. The row is locked FOR SHARE while it
+// is checked, so a new leader's epoch bump (an UPDATE of that row) waits for the writes in
+// flight, and a write that starts after the bump re-reads the row (READ COMMITTED rechecks a
+// locked row's newest version) and changes nothing. A write that changes nothing reads the epoch
+// again to tell "fenced" from "the row moved on" (FenceHolds).
+#define DISPATCHD_PG_FENCE(n) \
+  "fence AS (SELECT 1 FROM dispatchd_leader WHERE id = 1 AND epoch = $" #n "::int8 FOR SHARE)"
 
 enum Col {
   kColId,
@@ -110,14 +120,13 @@ constexpr Statement kLoadActive{
                    " FROM jobs WHERE state IN " DISPATCHD_PG_ACTIVE_STATES " ORDER BY seq"};
 
 // $1 ids, $2 attempts, $3 worker ids: parallel arrays, one element per claim. Rows locked by
-// another session are skipped; a row whose state or attempt moved on does not match.
-constexpr Statement kClaim{"claim", R"sql(
-WITH req AS (
+// another session are skipped; a row whose state or attempt moved on does not match. $4 epoch.
+constexpr Statement kClaim{"claim", "WITH " DISPATCHD_PG_FENCE(4) R"sql(, req AS (
   SELECT * FROM unnest($1::text[], $2::int4[], $3::text[]) AS r(id, attempt, worker_id)
 ), c AS (
   SELECT j.id, req.worker_id
   FROM jobs j JOIN req ON j.id = req.id AND j.attempt = req.attempt
-  WHERE j.state = 'QUEUED'
+  WHERE j.state = 'QUEUED' AND EXISTS (SELECT 1 FROM fence)
   FOR UPDATE OF j SKIP LOCKED
 )
 UPDATE jobs SET state = 'DISPATCHED', worker_id = c.worker_id, dispatched_at = now(),
@@ -126,32 +135,36 @@ FROM c WHERE jobs.id = c.id
 RETURNING jobs.id)sql"};
 
 // $1 id, $2 attempt, $3 worker id. DISPATCHED at attempt-1 (accept) or RUNNING at attempt
-// (re-attach); started_at is set on accept only.
-constexpr Statement kMarkRunning{"mark_running", R"sql(
+// (re-attach); started_at is set on accept only. $4 epoch.
+constexpr Statement kMarkRunning{"mark_running", "WITH " DISPATCHD_PG_FENCE(4) R"sql(
 UPDATE jobs SET state = 'RUNNING', attempt = $2::int4, worker_id = $3,
                 started_at = CASE WHEN state = 'DISPATCHED' THEN now() ELSE started_at END,
                 updated_at = now()
 WHERE id = $1 AND ((state = 'DISPATCHED' AND attempt = $2::int4 - 1) OR
-                   (state = 'RUNNING' AND attempt = $2::int4)))sql"};
+                   (state = 'RUNNING' AND attempt = $2::int4))
+  AND EXISTS (SELECT 1 FROM fence))sql"};
 
-// $1 id, $2 attempt.
-constexpr Statement kReturnToQueue{"return_to_queue", R"sql(
+// $1 id, $2 attempt, $3 epoch.
+constexpr Statement kReturnToQueue{"return_to_queue", "WITH " DISPATCHD_PG_FENCE(3) R"sql(
 UPDATE jobs SET state = 'QUEUED', worker_id = '', updated_at = now()
-WHERE id = $1 AND state = 'DISPATCHED' AND attempt = $2::int4)sql"};
+WHERE id = $1 AND state = 'DISPATCHED' AND attempt = $2::int4
+  AND EXISTS (SELECT 1 FROM fence))sql"};
 
-// $1 id, $2 attempt, $3 not_before in us (NULL: at once), $4 error.
-constexpr Statement kRetry{"retry", R"sql(
+// $1 id, $2 attempt, $3 not_before in us (NULL: at once), $4 error, $5 epoch.
+constexpr Statement kRetry{"retry", "WITH " DISPATCHD_PG_FENCE(5) R"sql(
 UPDATE jobs SET state = 'QUEUED', worker_id = '',
                 not_before = timestamptz 'epoch' + $3::int8 * interval '1 microsecond',
                 error = $4, updated_at = now()
-WHERE id = $1 AND state = 'RUNNING' AND attempt = $2::int4)sql"};
+WHERE id = $1 AND state = 'RUNNING' AND attempt = $2::int4
+  AND EXISTS (SELECT 1 FROM fence))sql"};
 
-// $1 id, $2 attempt, $3 terminal state, $4 result (binary), $5 error.
-constexpr Statement kFinish{"finish", R"sql(
+// $1 id, $2 attempt, $3 terminal state, $4 result (binary), $5 error, $6 epoch.
+constexpr Statement kFinish{"finish", "WITH " DISPATCHD_PG_FENCE(6) R"sql(
 UPDATE jobs SET state = $3, attempt = $2::int4, result = $4, error = $5, finished_at = now(),
                 updated_at = now()
 WHERE id = $1 AND ((state = 'RUNNING' AND attempt = $2::int4) OR
-                   (state = 'DISPATCHED' AND attempt = $2::int4 - 1)))sql"};
+                   (state = 'DISPATCHED' AND attempt = $2::int4 - 1))
+  AND EXISTS (SELECT 1 FROM fence))sql"};
 
 // $1 id. Run in the transaction that then cancels, so the state read is the state replaced.
 constexpr Statement kLockState{"lock_state", "SELECT state FROM jobs WHERE id = $1 FOR UPDATE"};
@@ -163,11 +176,10 @@ constexpr Statement kCancel{
     "updated_at = now() WHERE id = $1 AND state IN " DISPATCHD_PG_ACTIVE_STATES
     " RETURNING " DISPATCHD_PG_JOB_COLUMNS};
 
-// $1 now in us, $2 error. Rows locked by a concurrent claim are left for the next sweep.
-constexpr Statement kExpireOverdue{"expire_overdue", R"sql(
-WITH c AS (
+// $1 now in us, $2 error, $3 epoch. Rows locked by a concurrent claim are left for the next sweep.
+constexpr Statement kExpireOverdue{"expire_overdue", "WITH " DISPATCHD_PG_FENCE(3) R"sql(, c AS (
   SELECT id FROM jobs
-  WHERE state = 'QUEUED'
+  WHERE state = 'QUEUED' AND EXISTS (SELECT 1 FROM fence)
     AND dispatch_deadline_at < timestamptz 'epoch' + $1::int8 * interval '1 microsecond'
   FOR UPDATE SKIP LOCKED
 )
@@ -175,13 +187,13 @@ UPDATE jobs SET state = 'EXPIRED', error = $2, finished_at = now(), updated_at =
 FROM c WHERE jobs.id = c.id
 RETURNING jobs.id)sql"};
 
-// $1 cutoff in us, $2 batch limit. Moves the key out of the unique index (migrations.cc,
+// $1 cutoff in us, $2 batch limit, $3 epoch. Moves the key out of the unique index (migrations.cc,
 // version 2). Terminal rows only (finished_at is set by terminal transitions alone); updated_at
 // is left alone: the job itself did not change.
-constexpr Statement kReleaseIdempotencyKeys{"release_idempotency_keys", R"sql(
-WITH c AS (
+constexpr Statement kReleaseIdempotencyKeys{"release_idempotency_keys",
+                                            "WITH " DISPATCHD_PG_FENCE(3) R"sql(, c AS (
   SELECT id FROM jobs
-  WHERE idempotency_key <> '' AND finished_at IS NOT NULL
+  WHERE idempotency_key <> '' AND finished_at IS NOT NULL AND EXISTS (SELECT 1 FROM fence)
     AND finished_at < timestamptz 'epoch' + $1::int8 * interval '1 microsecond'
     AND state NOT IN ('QUEUED', 'DISPATCHED', 'RUNNING')
   ORDER BY finished_at
@@ -198,8 +210,27 @@ constexpr Statement kCountByTypeAndState{
 constexpr Statement kCountActive{
     "count_active", "SELECT count(*) FROM jobs WHERE state IN " DISPATCHD_PG_ACTIVE_STATES};
 
+constexpr Statement kCountActiveByTypeAndState{
+    "count_active_by_type_and_state",
+    "SELECT type, state, count(*) FROM jobs WHERE state IN " DISPATCHD_PG_ACTIVE_STATES
+    " GROUP BY type, state ORDER BY type, state"};
+
+// $1 ids.
+constexpr Statement kGetRefs{
+    "get_refs", "SELECT id, state, attempt, worker_id FROM jobs WHERE id = ANY($1::text[])"};
+
+constexpr Statement kLoadPlacedRefs{
+    "load_placed_refs",
+    "SELECT id, state, attempt, worker_id FROM jobs WHERE state IN ('DISPATCHED', 'RUNNING')"};
+
+// $1 job id: tells the leader (LISTEN dispatchd_jobs, pg_leader_lease.h) to look at the row.
+constexpr Statement kNotifyChanged{"notify_changed", "SELECT pg_notify('dispatchd_jobs', $1)"};
+
+constexpr Statement kLeaderEpoch{"leader_epoch", "SELECT epoch FROM dispatchd_leader WHERE id = 1"};
+
 #undef DISPATCHD_PG_JOB_COLUMNS
 #undef DISPATCHD_PG_ACTIVE_STATES
+#undef DISPATCHD_PG_FENCE
 
 constexpr Statement kAllStatements[] = {
     kInsertJob,
@@ -217,91 +248,12 @@ constexpr Statement kAllStatements[] = {
     kReleaseIdempotencyKeys,
     kCountByTypeAndState,
     kCountActive,
+    kCountActiveByTypeAndState,
+    kGetRefs,
+    kLoadPlacedRefs,
+    kNotifyChanged,
+    kLeaderEpoch,
 };
-
-// ---------------------------------------------------------------------------------------------
-// Connection strings.
-
-// Where to connect, from the caller's URL: a libpq keyword/value string with connect_timeout
-// added, and a description for messages (host:port/db or the socket; never the password).
-struct Target {
-  std::string conninfo;
-  std::string endpoint;
-};
-
-// Quotes a libpq keyword/value value: single quotes, with \ and ' escaped by a backslash.
-std::string QuoteConninfoValue(absl::string_view value) {
-  return absl::StrCat("'", absl::StrReplaceAll(value, {{"\\", "\\\\"}, {"'", "\\'"}}), "'");
-}
-
-// The password written in `url` ("scheme://user:PASSWORD@host" or "password=PASSWORD"), so that
-// it can be masked in libpq's parse errors, which quote the input.
-std::string PasswordIn(absl::string_view url) {
-  if (size_t scheme = url.find("://"); scheme != absl::string_view::npos) {
-    absl::string_view rest = url.substr(scheme + 3);
-    rest = rest.substr(0, rest.find_first_of("/?"));
-    size_t at = rest.rfind('@');
-    if (at == absl::string_view::npos) return "";
-    absl::string_view userinfo = rest.substr(0, at);
-    size_t colon = userinfo.find(':');
-    return colon == absl::string_view::npos ? "" : std::string(userinfo.substr(colon + 1));
-  }
-  size_t key = url.find("password");
-  if (key == absl::string_view::npos) return "";
-  absl::string_view rest = url.substr(key + 8);
-  size_t eq = rest.find('=');
-  if (eq == absl::string_view::npos) return "";
-  rest = rest.substr(eq + 1);
-  while (!rest.empty() && rest.front() == ' ') rest.remove_prefix(1);
-  return std::string(rest.substr(0, rest.find(' ')));
-}
-
-absl::StatusOr<Target> ParseTarget(const std::string& url, absl::Duration connect_timeout) {
-  char* error = nullptr;
-  PQconninfoOption* options = PQconninfoParse(url.c_str(), &error);
-  if (options == nullptr) {
-    std::string reason = error != nullptr ? error : "out of memory";
-    PQfreemem(error);
-    if (std::string password = PasswordIn(url); !password.empty()) {
-      reason = absl::StrReplaceAll(reason, {{password, "***"}});
-    }
-    while (!reason.empty() && (reason.back() == '\n' || reason.back() == ' ')) reason.pop_back();
-    return absl::InvalidArgumentError(absl::StrCat("postgres: invalid connection URL: ", reason));
-  }
-  std::vector<std::string> parts;
-  std::string host, hostaddr, port, dbname, user;
-  bool has_timeout = false;
-  for (PQconninfoOption* o = options; o->keyword != nullptr; ++o) {
-    if (o->val == nullptr) continue;
-    const absl::string_view keyword = o->keyword;
-    if (keyword == "host") host = o->val;
-    if (keyword == "hostaddr") hostaddr = o->val;
-    if (keyword == "port") port = o->val;
-    if (keyword == "dbname") dbname = o->val;
-    if (keyword == "user") user = o->val;
-    if (keyword == "connect_timeout") has_timeout = true;
-    parts.push_back(absl::StrCat(keyword, "=", QuoteConninfoValue(o->val)));
-  }
-  PQconninfoFree(options);
-  if (!has_timeout && connect_timeout != absl::InfiniteDuration()) {
-    const int64_t seconds =
-        std::max<int64_t>(1, absl::ToInt64Seconds(absl::Ceil(connect_timeout, absl::Seconds(1))));
-    parts.push_back(absl::StrCat("connect_timeout=", seconds));
-  }
-  if (host.empty()) host = hostaddr;
-  if (port.empty()) port = "5432";
-  if (dbname.empty()) dbname = user;
-  std::string endpoint;
-  if (host.empty()) {
-    endpoint = absl::StrCat("local socket port ", port);
-  } else if (host.front() == '/' || host.front() == '@') {
-    endpoint = absl::StrCat("socket ", host, " port ", port);
-  } else {
-    endpoint = absl::StrCat(host, ":", port);
-  }
-  if (!dbname.empty()) absl::StrAppend(&endpoint, "/", dbname);
-  return Target{absl::StrJoin(parts, " "), std::move(endpoint)};
-}
 
 // ---------------------------------------------------------------------------------------------
 // Conversions.
@@ -414,6 +366,29 @@ std::vector<std::string> Ids(const pqxx::result& rows) {
   ids.reserve(rows.size());
   for (const pqxx::row& row : rows) ids.push_back(TextFromField(row[0]));
   return ids;
+}
+
+// OK while the database still names `epoch` as the leader's; FailedPrecondition once another
+// daemon has taken over (see "Fencing" above). Called after a write that changed nothing.
+absl::Status FenceHolds(pqxx::transaction_base& txn, int64_t epoch) {
+  pqxx::result rows = txn.exec_prepared(kLeaderEpoch.name);
+  const int64_t now = rows.empty() ? -1 : rows[0][0].as<int64_t>();
+  if (now == epoch) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat("fenced: this daemon led at epoch ", epoch,
+                                                    " but the leader is now at epoch ", now));
+}
+
+std::vector<JobRef> RowsToRefs(const pqxx::result& rows) {
+  std::vector<JobRef> refs;
+  refs.reserve(rows.size());
+  for (const pqxx::row& r : rows) {
+    std::optional<job::JobState> state = job::ParseJobState(TextFromField(r[1]));
+    refs.push_back(JobRef{.job_id = TextFromField(r[0]),
+                          .state = state.value_or(job::JobState::kQueued),
+                          .attempt = r[2].as<int32_t>(),
+                          .worker_id = TextFromField(r[3])});
+  }
+  return refs;
 }
 
 // libpq takes text parameters as C strings: a NUL would silently cut the value short.
@@ -609,7 +584,8 @@ absl::StatusOr<std::unique_ptr<PgJobStore>> PgJobStore::Connect(const PgStoreOpt
     return absl::InvalidArgumentError(absl::StrCat("connect_timeout: must be > 0, got ",
                                                    absl::FormatDuration(options.connect_timeout)));
   }
-  DISPATCHD_ASSIGN_OR_RETURN(Target target, ParseTarget(options.url, options.connect_timeout));
+  DISPATCHD_ASSIGN_OR_RETURN(
+      Target target, ParseTarget(options.url, options.connect_timeout, options.application_name));
 
   std::vector<std::unique_ptr<pqxx::connection>> conns;
   DISPATCHD_ASSIGN_OR_RETURN(std::unique_ptr<pqxx::connection> first, OpenConnection(target));
@@ -708,13 +684,16 @@ absl::StatusOr<std::vector<std::string>> PgJobStore::Claim(
     attempts.push_back(c.attempt);
     workers.push_back(c.worker_id);
   }
-  return WithConnection(
-      *pool_, absl::StrCat("claim ", claims.size(), " jobs"),
-      [&](pqxx::connection& conn) -> absl::StatusOr<std::vector<std::string>> {
-        pqxx::nontransaction txn(conn);
-        return Ids(txn.exec_prepared(kClaim.name, TextArrayLiteral(ids), IntArrayLiteral(attempts),
-                                     TextArrayLiteral(workers)));
-      });
+  return WithConnection(*pool_, absl::StrCat("claim ", claims.size(), " jobs"),
+                        [&](pqxx::connection& conn) -> absl::StatusOr<std::vector<std::string>> {
+                          pqxx::nontransaction txn(conn);
+                          const int64_t epoch = fence_.load();
+                          std::vector<std::string> claimed = Ids(txn.exec_prepared(
+                              kClaim.name, TextArrayLiteral(ids), IntArrayLiteral(attempts),
+                              TextArrayLiteral(workers), epoch));
+                          if (claimed.empty()) DISPATCHD_RETURN_IF_ERROR(FenceHolds(txn, epoch));
+                          return claimed;
+                        });
 }
 
 absl::StatusOr<bool> PgJobStore::MarkRunning(const std::string& job_id, int32_t attempt,
@@ -723,8 +702,13 @@ absl::StatusOr<bool> PgJobStore::MarkRunning(const std::string& job_id, int32_t 
       *pool_, absl::StrCat("mark job ", job_id, " running"),
       [&](pqxx::connection& conn) -> absl::StatusOr<bool> {
         pqxx::nontransaction txn(conn);
-        return txn.exec_prepared(kMarkRunning.name, job_id, attempt, worker_id).affected_rows() ==
-               1;
+        const int64_t epoch = fence_.load();
+        if (txn.exec_prepared(kMarkRunning.name, job_id, attempt, worker_id, epoch)
+                .affected_rows() == 1) {
+          return true;
+        }
+        DISPATCHD_RETURN_IF_ERROR(FenceHolds(txn, epoch));
+        return false;
       });
 }
 
@@ -733,7 +717,12 @@ absl::StatusOr<bool> PgJobStore::ReturnToQueue(const std::string& job_id, int32_
       *pool_, absl::StrCat("return job ", job_id, " to the queue"),
       [&](pqxx::connection& conn) -> absl::StatusOr<bool> {
         pqxx::nontransaction txn(conn);
-        return txn.exec_prepared(kReturnToQueue.name, job_id, attempt).affected_rows() == 1;
+        const int64_t epoch = fence_.load();
+        if (txn.exec_prepared(kReturnToQueue.name, job_id, attempt, epoch).affected_rows() == 1) {
+          return true;
+        }
+        DISPATCHD_RETURN_IF_ERROR(FenceHolds(txn, epoch));
+        return false;
       });
 }
 
@@ -745,9 +734,14 @@ absl::StatusOr<bool> PgJobStore::Retry(const std::string& job_id, int32_t attemp
   return WithConnection(*pool_, absl::StrCat("retry job ", job_id),
                         [&](pqxx::connection& conn) -> absl::StatusOr<bool> {
                           pqxx::nontransaction txn(conn);
-                          return txn.exec_prepared(kRetry.name, job_id, attempt,
-                                                   OptionalMicros(not_before), error)
-                                     .affected_rows() == 1;
+                          const int64_t epoch = fence_.load();
+                          if (txn.exec_prepared(kRetry.name, job_id, attempt,
+                                                OptionalMicros(not_before), error, epoch)
+                                  .affected_rows() == 1) {
+                            return true;
+                          }
+                          DISPATCHD_RETURN_IF_ERROR(FenceHolds(txn, epoch));
+                          return false;
                         });
 }
 
@@ -760,9 +754,14 @@ absl::StatusOr<bool> PgJobStore::Finish(const FinishRequest& req) {
   return WithConnection(*pool_, absl::StrCat("finish job ", req.job_id),
                         [&](pqxx::connection& conn) -> absl::StatusOr<bool> {
                           pqxx::nontransaction txn(conn);
-                          return txn.exec_prepared(kFinish.name, req.job_id, req.attempt, state,
-                                                   pqxx::binarystring(req.result), req.error)
-                                     .affected_rows() == 1;
+                          const int64_t epoch = fence_.load();
+                          if (txn.exec_prepared(kFinish.name, req.job_id, req.attempt, state,
+                                                pqxx::binarystring(req.result), req.error, epoch)
+                                  .affected_rows() == 1) {
+                            return true;
+                          }
+                          DISPATCHD_RETURN_IF_ERROR(FenceHolds(txn, epoch));
+                          return false;
                         });
 }
 
@@ -799,12 +798,12 @@ absl::StatusOr<std::vector<std::string>> PgJobStore::ExpireOverdue(absl::Time no
   if (now == absl::InfiniteFuture()) {
     return absl::InvalidArgumentError("now: must not be infinite-future");
   }
-  return WithConnection(
-      *pool_, "expire overdue jobs",
-      [&](pqxx::connection& conn) -> absl::StatusOr<std::vector<std::string>> {
-        pqxx::nontransaction txn(conn);
-        return Ids(txn.exec_prepared(kExpireOverdue.name, absl::ToUnixMicros(now), error));
-      });
+  return WithConnection(*pool_, "expire overdue jobs",
+                        [&](pqxx::connection& conn) -> absl::StatusOr<std::vector<std::string>> {
+                          pqxx::nontransaction txn(conn);
+                          return Ids(txn.exec_prepared(kExpireOverdue.name, absl::ToUnixMicros(now),
+                                                       error, fence_.load()));
+                        });
 }
 
 absl::StatusOr<int64_t> PgJobStore::ReleaseIdempotencyKeys(absl::Time finished_before) {
@@ -813,14 +812,14 @@ absl::StatusOr<int64_t> PgJobStore::ReleaseIdempotencyKeys(absl::Time finished_b
   if (finished_before == absl::InfiniteFuture()) {
     return absl::InvalidArgumentError("finished_before: must not be infinite-future");
   }
-  return WithConnection(*pool_, "release idempotency keys",
-                        [&](pqxx::connection& conn) -> absl::StatusOr<int64_t> {
-                          pqxx::nontransaction txn(conn);
-                          return static_cast<int64_t>(
-                              txn.exec_prepared(kReleaseIdempotencyKeys.name,
-                                                absl::ToUnixMicros(finished_before), kBatch)
-                                  .affected_rows());
-                        });
+  return WithConnection(
+      *pool_, "release idempotency keys", [&](pqxx::connection& conn) -> absl::StatusOr<int64_t> {
+        pqxx::nontransaction txn(conn);
+        return static_cast<int64_t>(txn.exec_prepared(kReleaseIdempotencyKeys.name,
+                                                      absl::ToUnixMicros(finished_before), kBatch,
+                                                      fence_.load())
+                                        .affected_rows());
+      });
 }
 
 absl::StatusOr<std::vector<TypeStateCount>> PgJobStore::CountByTypeAndState() {
@@ -849,6 +848,51 @@ absl::StatusOr<int64_t> PgJobStore::CountActive() {
                         [&](pqxx::connection& conn) -> absl::StatusOr<int64_t> {
                           pqxx::nontransaction txn(conn);
                           return txn.exec_prepared(kCountActive.name)[0][0].as<int64_t>();
+                        });
+}
+
+absl::StatusOr<std::vector<TypeStateCount>> PgJobStore::CountActiveByTypeAndState() {
+  return WithConnection(
+      *pool_, "count active jobs by type and state",
+      [&](pqxx::connection& conn) -> absl::StatusOr<std::vector<TypeStateCount>> {
+        pqxx::nontransaction txn(conn);
+        pqxx::result rows = txn.exec_prepared(kCountActiveByTypeAndState.name);
+        std::vector<TypeStateCount> counts;
+        counts.reserve(rows.size());
+        for (const pqxx::row& row : rows) {
+          std::optional<job::JobState> parsed = job::ParseJobState(TextFromField(row[1]));
+          if (!parsed.has_value()) return absl::InternalError("unknown job state");
+          counts.push_back(TypeStateCount{
+              .type = TextFromField(row[0]), .state = *parsed, .count = row[2].as<int64_t>()});
+        }
+        return counts;
+      });
+}
+
+absl::StatusOr<std::vector<JobRef>> PgJobStore::GetRefs(const std::vector<std::string>& job_ids) {
+  if (job_ids.empty()) return std::vector<JobRef>{};
+  return WithConnection(
+      *pool_, absl::StrCat("read ", job_ids.size(), " job states"),
+      [&](pqxx::connection& conn) -> absl::StatusOr<std::vector<JobRef>> {
+        pqxx::nontransaction txn(conn);
+        return RowsToRefs(txn.exec_prepared(kGetRefs.name, TextArrayLiteral(job_ids)));
+      });
+}
+
+absl::StatusOr<std::vector<JobRef>> PgJobStore::LoadPlacedRefs() {
+  return WithConnection(*pool_, "load dispatched and running jobs",
+                        [&](pqxx::connection& conn) -> absl::StatusOr<std::vector<JobRef>> {
+                          pqxx::nontransaction txn(conn);
+                          return RowsToRefs(txn.exec_prepared(kLoadPlacedRefs.name));
+                        });
+}
+
+absl::Status PgJobStore::NotifyChanged(const std::string& job_id) {
+  return WithConnection(*pool_, absl::StrCat("notify the leader of job ", job_id),
+                        [&](pqxx::connection& conn) -> absl::Status {
+                          pqxx::nontransaction txn(conn);
+                          txn.exec_prepared(kNotifyChanged.name, job_id);
+                          return absl::OkStatus();
                         });
 }
 

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -21,6 +22,10 @@ struct PgStoreOptions {
   int pool_size = 4;
   // Bound on establishing each connection (libpq connect_timeout, whole seconds, at least 1).
   absl::Duration connect_timeout = absl::Seconds(5);
+  // PostgreSQL application_name of the store's sessions (shown in pg_stat_activity). Daemons
+  // sharing a database name theirs after their daemon id, so that a new leader can end every
+  // session of a frozen one. Empty: "dispatchd".
+  std::string application_name;
 };
 
 class ConnectionPool;
@@ -68,11 +73,17 @@ class PgJobStore final : public JobStore {
   absl::StatusOr<int64_t> ReleaseIdempotencyKeys(absl::Time finished_before) override;
   absl::StatusOr<std::vector<TypeStateCount>> CountByTypeAndState() override;
   absl::StatusOr<int64_t> CountActive() override;
+  absl::StatusOr<std::vector<TypeStateCount>> CountActiveByTypeAndState() override;
+  absl::StatusOr<std::vector<JobRef>> GetRefs(const std::vector<std::string>& job_ids) override;
+  absl::StatusOr<std::vector<JobRef>> LoadPlacedRefs() override;
+  absl::Status NotifyChanged(const std::string& job_id) override;
+  void SetFence(int64_t epoch) override { fence_.store(epoch); }
 
  private:
   explicit PgJobStore(std::unique_ptr<ConnectionPool> pool);
 
   std::unique_ptr<ConnectionPool> pool_;
+  std::atomic<int64_t> fence_{0};
 };
 
 }  // namespace dispatchd::store

@@ -1,0 +1,178 @@
+#include "server/store/pg_leader_lease.h"
+
+#include <exception>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "pqxx/connection"
+#include "pqxx/except"
+#include "pqxx/nontransaction"
+#include "pqxx/notification"
+#include "pqxx/transaction"
+
+#include "server/store/migrations.h"
+#include "server/store/pg_conninfo.h"
+#include "server/store/pg_error.h"
+
+namespace dispatchd::store {
+namespace {
+
+constexpr char kChannel[] = "dispatchd_jobs";
+
+constexpr char kTryLock[] = "SELECT pg_try_advisory_lock($1::int8)";
+constexpr char kUnlock[] = "SELECT pg_advisory_unlock($1::int8)";
+// $1 holder, $2 address. Waits for writes in flight that still carry the old epoch (they lock the
+// row FOR SHARE), so none of them can land after it.
+constexpr char kBumpEpoch[] = R"sql(
+UPDATE dispatchd_leader SET epoch = epoch + 1, holder = $1, address = $2, renewed_at = now()
+WHERE id = 1 RETURNING epoch)sql";
+constexpr char kRenew[] =
+    "UPDATE dispatchd_leader SET renewed_at = now() WHERE id = 1 AND epoch = $1::int8";
+constexpr char kRead[] = R"sql(
+SELECT epoch, holder, address, (extract(epoch FROM now() - renewed_at) * 1000000)::int8
+FROM dispatchd_leader WHERE id = 1)sql";
+constexpr char kEvict[] = R"sql(
+SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+WHERE application_name = $1 AND pid <> pg_backend_pid())sql";
+
+}  // namespace
+
+class PgLeaderLease::Impl {
+ public:
+  // Collects the payloads of notifications delivered while the connection is polled.
+  class Receiver final : public pqxx::notification_receiver {
+   public:
+    Receiver(pqxx::connection_base& conn, std::vector<std::string>* sink)
+        : pqxx::notification_receiver(conn, kChannel), sink_(sink) {}
+    void operator()(const std::string& payload, int /*backend_pid*/) override {
+      sink_->push_back(payload);
+    }
+
+   private:
+    std::vector<std::string>* sink_;
+  };
+
+  Impl(std::unique_ptr<pqxx::connection> conn, std::string endpoint)
+      : conn_(std::move(conn)), endpoint_(std::move(endpoint)) {}
+
+  // Runs `body` and translates any exception, naming `what`.
+  template <typename Body>
+  auto Guard(const char* what, Body&& body) -> decltype(body()) {
+    try {
+      return body();
+    } catch (const std::exception& e) {
+      return TranslatePgError(e, absl::StrCat("leader lease (", endpoint_, "): ", what));
+    }
+  }
+
+  std::unique_ptr<pqxx::connection> conn_;
+  std::string endpoint_;
+  std::vector<std::string> pending_;
+  std::unique_ptr<Receiver> receiver_;
+};
+
+PgLeaderLease::PgLeaderLease(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+PgLeaderLease::~PgLeaderLease() {
+  if (impl_ == nullptr) return;
+  try {
+    impl_->receiver_.reset();
+    impl_->conn_.reset();  // ends the session: PostgreSQL frees the lock
+  } catch (...) {
+  }
+}
+
+absl::StatusOr<std::unique_ptr<PgLeaderLease>> PgLeaderLease::Connect(
+    const std::string& url, const std::string& application_name, absl::Duration connect_timeout) {
+  absl::StatusOr<Target> target = ParseTarget(url, connect_timeout, application_name);
+  if (!target.ok()) return target.status();
+  try {
+    auto conn = std::make_unique<pqxx::connection>(target->conninfo);
+    return std::unique_ptr<PgLeaderLease>(
+        new PgLeaderLease(std::make_unique<Impl>(std::move(conn), target->endpoint)));
+  } catch (const std::exception& e) {
+    return TranslatePgError(e, absl::StrCat("postgres: cannot connect to ", target->endpoint));
+  }
+}
+
+absl::StatusOr<std::optional<int64_t>> PgLeaderLease::TryAcquire(const std::string& holder,
+                                                                 const std::string& address,
+                                                                 absl::Duration bump_timeout) {
+  return impl_->Guard("acquire", [&]() -> absl::StatusOr<std::optional<int64_t>> {
+    {
+      pqxx::nontransaction txn(*impl_->conn_);
+      if (!txn.exec_params(kTryLock, kLeaderLockKey)[0][0].as<bool>()) return std::nullopt;
+    }
+    try {
+      pqxx::work txn(*impl_->conn_);
+      txn.exec(absl::StrCat("SET LOCAL lock_timeout = ",
+                            std::max<int64_t>(1, absl::ToInt64Milliseconds(bump_timeout))));
+      const int64_t epoch = txn.exec_params(kBumpEpoch, holder, address)[0][0].as<int64_t>();
+      txn.commit();
+      return epoch;
+    } catch (const std::exception&) {
+      // Lock timeout (the old leader's writes still hold the row) or a broken session: give the
+      // lock back so the next try starts clean.
+      try {
+        pqxx::nontransaction txn(*impl_->conn_);
+        txn.exec_params(kUnlock, kLeaderLockKey);
+      } catch (...) {
+      }
+      throw;
+    }
+  });
+}
+
+absl::Status PgLeaderLease::Renew(int64_t epoch) {
+  return impl_->Guard("renew", [&]() -> absl::Status {
+    pqxx::nontransaction txn(*impl_->conn_);
+    if (txn.exec_params(kRenew, epoch).affected_rows() == 1) return absl::OkStatus();
+    return absl::FailedPreconditionError(
+        absl::StrCat("epoch ", epoch, " is over: another daemon became the leader"));
+  });
+}
+
+absl::StatusOr<LeaderRecord> PgLeaderLease::Read() {
+  return impl_->Guard("read", [&]() -> absl::StatusOr<LeaderRecord> {
+    pqxx::nontransaction txn(*impl_->conn_);
+    pqxx::result rows = txn.exec(kRead);
+    if (rows.empty()) return absl::InternalError("dispatchd_leader has no row");
+    return LeaderRecord{.epoch = rows[0][0].as<int64_t>(),
+                        .holder = rows[0][1].as<std::string>(),
+                        .address = rows[0][2].as<std::string>(),
+                        .since_renewal = absl::Microseconds(rows[0][3].as<int64_t>())};
+  });
+}
+
+absl::StatusOr<int> PgLeaderLease::Evict(const std::string& application_name) {
+  return impl_->Guard("evict", [&]() -> absl::StatusOr<int> {
+    pqxx::nontransaction txn(*impl_->conn_);
+    return txn.exec_params(kEvict, application_name)[0][0].as<int>();
+  });
+}
+
+absl::Status PgLeaderLease::Listen() {
+  return impl_->Guard("listen", [&]() -> absl::Status {
+    if (impl_->receiver_ == nullptr) {
+      impl_->receiver_ = std::make_unique<Impl::Receiver>(*impl_->conn_, &impl_->pending_);
+    }
+    return absl::OkStatus();
+  });
+}
+
+absl::StatusOr<std::vector<std::string>> PgLeaderLease::AwaitNotifications(absl::Duration timeout) {
+  return impl_->Guard("await notifications", [&]() -> absl::StatusOr<std::vector<std::string>> {
+    if (!impl_->conn_->is_open()) return absl::UnavailableError("session closed");
+    if (impl_->pending_.empty()) {
+      const int64_t us = std::max<int64_t>(0, absl::ToInt64Microseconds(timeout));
+      impl_->conn_->await_notification(static_cast<long>(us / 1000000),
+                                       static_cast<long>(us % 1000000));
+    }
+    impl_->conn_->get_notifs();
+    std::vector<std::string> out;
+    out.swap(impl_->pending_);
+    return out;
+  });
+}
+
+}  // namespace dispatchd::store

@@ -1,0 +1,152 @@
+// Leader election and fencing against a real PostgreSQL: one session holds the lease at a time,
+// each new leader starts a new epoch, a frozen leader's sessions can be ended, and a deposed
+// leader's job writes change nothing.
+
+#include "server/store/pg_leader_lease.h"
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+#include "server/store/pg_job_store.h"
+#include "tests/testing/pg_test_db.h"
+#include "tests/testing/status_matchers.h"
+
+namespace dispatchd::store {
+namespace {
+
+using ::dispatchd::testing::IsOk;
+using ::dispatchd::testing::StatusIs;
+using ::dispatchd::testing::TestDatabase;
+using ::testing::ElementsAre;
+using ::testing::IsEmpty;
+
+class PgLeaderLeaseTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<TestDatabase> db = TestDatabase::Create("lease");
+    ASSERT_TRUE(db.ok()) << db.status();
+    db_ = std::make_unique<TestDatabase>(*std::move(db));
+    // The store migrates the schema (the lease needs its table).
+    absl::StatusOr<std::unique_ptr<PgJobStore>> store =
+        PgJobStore::Connect({.url = db_->url(), .pool_size = 2, .application_name = "store-a"});
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = *std::move(store);
+  }
+
+  std::unique_ptr<PgLeaderLease> Lease(const std::string& name) {
+    absl::StatusOr<std::unique_ptr<PgLeaderLease>> lease =
+        PgLeaderLease::Connect(db_->url(), name, absl::Seconds(5));
+    EXPECT_TRUE(lease.ok()) << lease.status();
+    return lease.ok() ? *std::move(lease) : nullptr;
+  }
+
+  job::Job MakeJob(const std::string& id) {
+    job::Job job;
+    job.id = id;
+    job.spec.type = "echo";
+    job.spec.payload = "p";
+    job.spec.max_attempts = 3;
+    job.spec.timeout = absl::Seconds(30);
+    return job;
+  }
+
+  std::unique_ptr<TestDatabase> db_;
+  std::unique_ptr<PgJobStore> store_;
+};
+
+// Tries the lease until it is won (an ended session's lock is freed as the backend exits).
+bool WaitForEpoch(PgLeaderLease& lease, absl::StatusOr<std::optional<int64_t>>* epoch) {
+  for (int i = 0; i < 100; ++i) {
+    *epoch = lease.TryAcquire("b", "y:1", absl::Seconds(2));
+    if (epoch->ok() && epoch->value().has_value()) return true;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return false;
+}
+
+TEST_F(PgLeaderLeaseTest, OneSessionLeadsAtATimeAndEachLeaderStartsANewEpoch) {
+  auto a = Lease("lease-a");
+  auto b = Lease("lease-b");
+  absl::StatusOr<std::optional<int64_t>> ea = a->TryAcquire("a", "10.0.0.1:1", absl::Seconds(2));
+  ASSERT_TRUE(ea.ok()) << ea.status();
+  ASSERT_EQ(*ea, std::optional<int64_t>(1));
+  absl::StatusOr<std::optional<int64_t>> eb = b->TryAcquire("b", "10.0.0.2:1", absl::Seconds(2));
+  ASSERT_TRUE(eb.ok()) << eb.status();
+  EXPECT_EQ(*eb, std::nullopt);
+  absl::StatusOr<LeaderRecord> seen = b->Read();
+  ASSERT_TRUE(seen.ok());
+  EXPECT_EQ(seen->epoch, 1);
+  EXPECT_EQ(seen->holder, "a");
+  EXPECT_EQ(seen->address, "10.0.0.1:1");
+  EXPECT_THAT(a->Renew(1), IsOk());
+
+  a.reset();  // the session ends: PostgreSQL frees the lock as its backend exits
+  ASSERT_TRUE(WaitForEpoch(*b, &eb));
+  EXPECT_EQ(*eb, std::optional<int64_t>(2));
+}
+
+TEST_F(PgLeaderLeaseTest, RenewOfAnEndedEpochFailsAndEvictEndsAFrozenLeadersSessions) {
+  auto a = Lease("dispatchd a");
+  auto b = Lease("dispatchd b");
+  ASSERT_TRUE(a->TryAcquire("a", "x:1", absl::Seconds(2)).ok());
+  absl::SleepFor(absl::Milliseconds(300));
+  absl::StatusOr<LeaderRecord> seen = b->Read();
+  ASSERT_TRUE(seen.ok());
+  EXPECT_GE(seen->since_renewal, absl::Milliseconds(250));
+  // `a` is "frozen": b ends its sessions, then takes over.
+  absl::StatusOr<int> ended = b->Evict("dispatchd a");
+  ASSERT_TRUE(ended.ok()) << ended.status();
+  EXPECT_EQ(*ended, 1);
+  absl::StatusOr<std::optional<int64_t>> eb;
+  ASSERT_TRUE(WaitForEpoch(*b, &eb));
+  EXPECT_EQ(*eb, std::optional<int64_t>(2));
+  EXPECT_FALSE(a->Renew(1).ok()) << "the frozen leader's session is gone";
+}
+
+TEST_F(PgLeaderLeaseTest, DeposedLeadersJobWritesAreFenced) {
+  ASSERT_THAT(store_->Insert(MakeJob("j1")).status(), IsOk());
+  ASSERT_THAT(store_->Insert(MakeJob("j2")).status(), IsOk());
+  auto a = Lease("lease-a");
+  ASSERT_EQ(*a->TryAcquire("a", "x:1", absl::Seconds(2)), std::optional<int64_t>(1));
+  store_->SetFence(1);
+  absl::StatusOr<std::vector<std::string>> claimed = store_->Claim({{"j1", 0, "w1"}});
+  ASSERT_TRUE(claimed.ok()) << claimed.status();
+  EXPECT_THAT(*claimed, ElementsAre("j1"));
+  ASSERT_TRUE(*store_->MarkRunning("j1", 1, "w1"));
+
+  // Another daemon takes over (epoch 2). The old leader's writes now change nothing.
+  a.reset();
+  auto b = Lease("lease-b");
+  absl::StatusOr<std::optional<int64_t>> eb;
+  ASSERT_TRUE(WaitForEpoch(*b, &eb));
+  ASSERT_EQ(*eb, std::optional<int64_t>(2));
+  EXPECT_THAT(store_->Claim({{"j2", 0, "w1"}}).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "fenced"));
+  EXPECT_THAT(
+      store_->Finish({.job_id = "j1", .attempt = 1, .state = job::JobState::kSucceeded}).status(),
+      StatusIs(absl::StatusCode::kFailedPrecondition, "fenced"));
+  EXPECT_THAT(store_->Retry("j1", 1, absl::InfinitePast(), "x").status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+  absl::StatusOr<std::vector<std::string>> expired = store_->ExpireOverdue(absl::Now(), "late");
+  ASSERT_TRUE(expired.ok());
+  EXPECT_THAT(*expired, IsEmpty());
+  absl::StatusOr<job::Job> j1 = store_->Get("j1");
+  ASSERT_TRUE(j1.ok());
+  EXPECT_EQ(j1->state, job::JobState::kRunning) << "nothing the deposed leader wrote landed";
+  absl::StatusOr<job::Job> j2 = store_->Get("j2");
+  ASSERT_TRUE(j2.ok());
+  EXPECT_EQ(j2->state, job::JobState::kQueued);
+
+  // With the new term's fence the same writes go through.
+  store_->SetFence(2);
+  EXPECT_TRUE(*store_->Finish({.job_id = "j1", .attempt = 1, .state = job::JobState::kSucceeded}));
+}
+
+}  // namespace
+}  // namespace dispatchd::store
