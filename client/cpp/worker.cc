@@ -10,6 +10,11 @@
 #include <set>
 #include <system_error>
 
+#include "absl/random/random.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include <grpcpp/grpcpp.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
@@ -152,6 +157,12 @@ struct Worker::RunningJob {
 
 absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(WorkerOptions options, Handler handler) {
   if (options.server.empty()) return absl::InvalidArgumentError("server: empty");
+  for (absl::string_view address : absl::StrSplit(options.server, ',')) {
+    if (absl::StripAsciiWhitespace(address).empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("server: empty address in \"", options.server, "\""));
+    }
+  }
   if (options.worker_id.empty()) return absl::InvalidArgumentError("worker_id: empty");
   if (options.types.empty()) return absl::InvalidArgumentError("types: at least one is required");
   for (const std::string& t : options.types) {
@@ -181,6 +192,13 @@ Worker::Worker(WorkerOptions options, Handler handler)
       handler_(std::move(handler)),
       max_concurrent_(options_.max_concurrent > 0 ? options_.max_concurrent : options_.slots),
       types_(options_.types.begin(), options_.types.end()),
+      servers_([this] {
+        std::vector<std::string> out;
+        for (absl::string_view a : absl::StrSplit(options_.server, ',')) {
+          out.emplace_back(absl::StripAsciiWhitespace(a));
+        }
+        return out;
+      }()),
       models_resident_(options_.models_resident),
       heartbeat_interval_(options_.default_heartbeat_interval) {}
 
@@ -232,15 +250,32 @@ absl::Status Worker::Run() {
             options_.slots, max_concurrent_);
   absl::BitGen rng;
   int failures = 0;
-  auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return shutdown_ || DrainDoneLocked(); };
+  size_t next_server = 0;
+  std::string target = servers_[0];
+  auto stop = [this]()
+                  ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return shutdown_ || DrainDoneLocked(); };
   while (true) {
     {
       absl::MutexLock l(&mu_);
       if (stop()) break;
     }
-    bool welcomed = RunSession();
+    std::string redirect_to;
+    const SessionEnd end = RunSession(target, &redirect_to);
     JoinFinishedThreads();
-    failures = welcomed ? 0 : std::min(failures + 1, 30);
+    if (end == SessionEnd::kRedirected && !redirect_to.empty() && redirect_to != target) {
+      // A standby named the leader: go there at once (a later failure starts the list again).
+      log->info("redirected worker={} from={} to leader={}", options_.worker_id, target,
+                redirect_to);
+      target = redirect_to;
+      failures = 0;
+      continue;
+    }
+    if (end != SessionEnd::kWelcomed) {
+      // The leader may have moved: try the next configured daemon.
+      next_server = (next_server + 1) % servers_.size();
+      target = servers_[next_server];
+    }
+    failures = end == SessionEnd::kWelcomed ? 0 : std::min(failures + 1, 30);
     absl::Duration delay = options_.reconnect_min;
     for (int i = 1; i < failures && delay < options_.reconnect_max; ++i) delay *= 2;
     delay = std::min(delay, options_.reconnect_max);
@@ -265,13 +300,12 @@ absl::Status Worker::Run() {
   return absl::OkStatus();
 }
 
-bool Worker::RunSession() {
+Worker::SessionEnd Worker::RunSession(const std::string& target, std::string* redirect_to) {
   std::shared_ptr<spdlog::logger> log = Log();
   auto s = std::make_shared<Session>();
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);
-  s->channel =
-      grpc::CreateCustomChannel(options_.server, grpc::InsecureChannelCredentials(), args);
+  s->channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
   s->stub = v1::WorkerService::NewStub(s->channel);
 
   v1::WorkerMessage hello_message;
@@ -287,7 +321,7 @@ bool Worker::RunSession() {
   }
   {
     absl::MutexLock l(&mu_);
-    if (shutdown_) return false;
+    if (shutdown_) return SessionEnd::kFailed;
     session_ = s;
     welcomed_ = false;
     for (const std::string& m : models_resident_) hello.add_models_resident(m);
@@ -314,6 +348,7 @@ bool Worker::RunSession() {
     s->stream = s->stub->Connect(&s->context);
   }
   bool welcomed = false;
+  bool redirected = false;
   v1::DaemonMessage message;
   if (!s->Write(hello_message)) {
     s->context.TryCancel();
@@ -321,6 +356,11 @@ bool Worker::RunSession() {
     if (message.has_welcome()) {
       welcomed = true;
       HandleWelcome(s, message.welcome());
+    } else if (message.has_redirect()) {
+      redirected = true;
+      *redirect_to = message.redirect().leader_address();
+      log->info("standby answered worker={} server={} message={}", options_.worker_id, target,
+                message.redirect().message());
     } else {
       log->warn("protocol error worker={} detail=first message is not Welcome (case {})",
                 options_.worker_id, static_cast<int>(message.msg_case()));
@@ -371,16 +411,17 @@ bool Worker::RunSession() {
     absl::MutexLock l(&mu_);
     quiet = shutdown_ || DrainDoneLocked();
   }
-  if (quiet) {
+  if (quiet || redirected) {
     log->info("stream closed worker={}", options_.worker_id);
   } else if (welcomed) {
     log->warn("stream lost worker={} code={} message={}", options_.worker_id,
               static_cast<int>(status.error_code()), status.error_message());
   } else {
-    log->warn("connect failed worker={} server={} code={} message={}", options_.worker_id,
-              options_.server, static_cast<int>(status.error_code()), status.error_message());
+    log->warn("connect failed worker={} server={} code={} message={}", options_.worker_id, target,
+              static_cast<int>(status.error_code()), status.error_message());
   }
-  return welcomed;
+  if (welcomed) return SessionEnd::kWelcomed;
+  return redirected ? SessionEnd::kRedirected : SessionEnd::kFailed;
 }
 
 void Worker::HandleWelcome(const std::shared_ptr<Session>& session, const v1::Welcome& welcome) {
@@ -552,6 +593,14 @@ v1::WorkerMessage Worker::HeartbeatLocked() const {
   v1::Heartbeat* hb = m.mutable_heartbeat();
   for (const auto& [key, job] : running_) {
     if (job->drop_result) continue;
+    v1::HeldJob* held = hb->add_running_jobs();
+    held->set_job_id(key.first);
+    held->set_attempt(key.second);
+  }
+  // Finished jobs whose results are not acknowledged yet are still held (as in Hello): the
+  // daemon counts a job its worker stops reporting as lost.
+  for (const auto& [key, result] : unacked_) {
+    if (running_.contains(key)) continue;
     v1::HeldJob* held = hb->add_running_jobs();
     held->set_job_id(key.first);
     held->set_attempt(key.second);

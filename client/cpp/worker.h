@@ -36,7 +36,9 @@ namespace dispatchd::client {
 namespace v1 = ::dispatchd::v1;
 
 struct WorkerOptions {
-  // Daemon address, host:port.
+  // Daemon address, host:port; or several, comma-separated, for daemons sharing one database.
+  // The worker connects to the first; a standby answers with the leader's address (Redirect) and
+  // the worker goes there; after a failed attempt it tries the next address in the list.
   std::string server;
   // Stable identity, unique in the fleet (e.g. host:pid).
   std::string worker_id;
@@ -169,9 +171,12 @@ class Worker {
 
   Worker(WorkerOptions options, Handler handler);
 
-  // One connection attempt: Hello, Welcome, then messages until the stream ends.
-  // Returns true if the session got as far as Welcome.
-  bool RunSession() ABSL_LOCKS_EXCLUDED(mu_);
+  // How a connection attempt ended.
+  enum class SessionEnd { kFailed, kWelcomed, kRedirected };
+  // One connection attempt to `target`: Hello, Welcome, then messages until the stream ends. On
+  // kRedirected, `*redirect_to` is the leader's address (empty if the standby knew none).
+  SessionEnd RunSession(const std::string& target, std::string* redirect_to)
+      ABSL_LOCKS_EXCLUDED(mu_);
   void HandleWelcome(const std::shared_ptr<Session>& session, const v1::Welcome& welcome)
       ABSL_LOCKS_EXCLUDED(mu_);
   void HandleAssign(const std::shared_ptr<Session>& session, const v1::Assign& assign)
@@ -189,6 +194,7 @@ class Worker {
   const Handler handler_;
   const int max_concurrent_;
   const absl::flat_hash_set<std::string> types_;
+  const std::vector<std::string> servers_;  // options_.server split at commas
 
   mutable absl::Mutex mu_;
   bool run_called_ ABSL_GUARDED_BY(mu_) = false;

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "CLI/CLI.hpp"
+#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -25,6 +26,7 @@
 #include "server/dispatch/dispatcher.h"
 #include "server/dispatch/job_events.h"
 #include "server/embedded/embedded_postgres.h"
+#include "server/ha/leadership.h"
 #include "server/rpc/admin_service.h"
 #include "server/rpc/job_service.h"
 #include "server/rpc/worker_service.h"
@@ -58,14 +60,29 @@ bool WriteFileAtomically(const std::string& path, const std::string& content) {
   return std::rename(tmp.c_str(), path.c_str()) == 0;
 }
 
+// An id for this daemon process, unique among daemons sharing a database: host, pid and a random
+// suffix (a pid can repeat across hosts and restarts). Short enough for application_name.
+std::string NewDaemonId() {
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  std::string h(host);
+  if (h.size() > 32) h.resize(32);
+  absl::BitGen rng;
+  return absl::StrCat(h.empty() ? "dispatchd" : h, ":", getpid(), ":",
+                      absl::Hex(absl::Uniform<uint32_t>(rng, 0, 0xffff), absl::kZeroPad4));
+}
+
 // Connects to PostgreSQL, retrying for `wait` so a daemon started beside its database comes up.
 absl::StatusOr<std::unique_ptr<store::PgJobStore>> ConnectStore(const config::Config& config,
                                                                 const std::string& url,
+                                                                const std::string& daemon_id,
                                                                 absl::Duration wait) {
   const absl::Time give_up = absl::Now() + wait;
   while (true) {
     absl::StatusOr<std::unique_ptr<store::PgJobStore>> store = store::PgJobStore::Connect(
-        store::PgStoreOptions{.url = url, .pool_size = config.postgres.pool_size});
+        store::PgStoreOptions{.url = url,
+                              .pool_size = config.postgres.pool_size,
+                              .application_name = ha::ApplicationName(daemon_id)});
     if (store.ok() || store.status().code() != absl::StatusCode::kUnavailable ||
         absl::Now() >= give_up) {
       return store;
@@ -148,24 +165,25 @@ int Run(int argc, char** argv) {
     url = embedded->url();
   }
 
+  const std::string daemon_id = NewDaemonId();
   absl::StatusOr<std::unique_ptr<store::PgJobStore>> store =
-      ConnectStore(config, url, config.postgres.connect_wait);
+      ConnectStore(config, url, daemon_id, config.postgres.connect_wait);
   if (!store.ok()) {
     log->error("postgres.url: {}", store.status().message());
     return kExitFailure;
   }
 
+  // Every daemon serves clients; the one that wins leader election also schedules (ha::Leadership
+  // builds its dispatcher). The services are up before the election so that its address is known.
   RealClock clock;
   dispatch::JobEvents events;
-  dispatch::Dispatcher dispatcher(config, **store, clock, events);
-  if (absl::Status s = dispatcher.Start(); !s.ok()) {
-    log->error("cannot load jobs: {}", s.message());
-    return kExitFailure;
-  }
+  sched::AdmissionGate admission(config);
   server::Executor executor(config.postgres.pool_size * 2);
-  rpc::JobServiceImpl job_service(config, **store, dispatcher, events, executor, clock);
-  rpc::WorkerServiceImpl worker_service(dispatcher);
-  rpc::AdminServiceImpl admin_service(config, **store, dispatcher, executor);
+  ha::Leadership leadership(config, ha::LeadershipOptions{.url = url, .daemon_id = daemon_id},
+                            **store, clock, events, admission);
+  rpc::JobServiceImpl job_service(config, **store, leadership, events, executor, clock);
+  rpc::WorkerServiceImpl worker_service(leadership);
+  rpc::AdminServiceImpl admin_service(config, **store, leadership, executor);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -181,12 +199,19 @@ int Run(int argc, char** argv) {
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || bound_port == 0) {
     log->error("listen: cannot bind {}", config.listen);
-    dispatcher.Stop();
     return kExitFailure;
   }
   std::string host = config.listen.substr(0, config.listen.rfind(':'));
   std::string address = absl::StrCat(host, ":", bound_port);
-  log->info("serving address={}", address);
+  if (absl::Status s = leadership.Start(
+          config.ha.advertise_address.empty() ? address : config.ha.advertise_address);
+      !s.ok()) {
+    log->error("leader election: {}", s.message());
+    server->Shutdown(std::chrono::system_clock::now());
+    return kExitFailure;
+  }
+  log->info("serving address={} daemon={} role={}", address, daemon_id,
+            leadership.leader().is_leader ? "leader" : "standby");
   if (!ready_file.empty() && !WriteFileAtomically(ready_file, address + "\n")) {
     log->error("--ready-file: cannot write {}", ready_file);
   }
@@ -196,7 +221,7 @@ int Run(int argc, char** argv) {
   log->info("stopping signal={}", sig == SIGTERM ? "SIGTERM" : "SIGINT");
   // Stop dispatching and end the worker streams, then stop admitting and let in-flight calls end.
   // Jobs keep their rows; workers reconnect to the next daemon and report what they still run.
-  dispatcher.Stop();
+  leadership.Stop();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(3));
   server->Wait();
   log->info("stopped");

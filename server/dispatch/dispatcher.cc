@@ -21,19 +21,30 @@ constexpr absl::Duration kStoreErrorPause = absl::Seconds(1);
 constexpr size_t kMaxDispatchesPerRound = 512;
 // How often the scheduler's derived counts are recounted (Scheduler::Audit).
 constexpr absl::Duration kAuditInterval = absl::Seconds(10);
+// How often the jobs held here are compared with the database (Reconcile).
+constexpr absl::Duration kReconcileInterval = absl::Seconds(10);
+// Heartbeats in a row that may leave out a job the daemon believes runs on the worker before the
+// job counts as lost there. Stream order already makes one miss conclusive for the SDK; two
+// tolerate a worker that builds its heartbeat before it writes a result.
+constexpr int kHeartbeatMissesToLose = 2;
 
 const char kExpiredError[] = "capacity: no worker took the job before its dispatch deadline";
 
 }  // namespace
 
+void LogFinished(const std::string& job_id, job::JobState state, int32_t attempt) {
+  server::Log("dispatch")
+      ->debug("finished job={} state={} attempt={}", job_id, job::ToString(state), attempt);
+}
+
 Dispatcher::Dispatcher(config::Config config, store::JobStore& store, Clock& clock,
-                       JobEvents& events)
+                       JobEvents& events, sched::AdmissionGate& admission)
     : config_(std::move(config)),
       store_(store),
       clock_(clock),
       events_(events),
       scheduler_(config_, clock.TimeNow()),
-      admission_(config_),
+      admission_(admission),
       overflow_hook_(config_.overflow_hook, config_.state_dir + "/overflow-hook.log") {}
 
 Dispatcher::~Dispatcher() { Stop(); }
@@ -59,8 +70,10 @@ absl::Status Dispatcher::Start() {
     std::string id = entry.job.id;
     jobs_.emplace(std::move(id), std::move(entry));
   }
-  server::Log("dispatch")->info("recovered queued={} held_by_workers={} grace={}", queued, held,
-                                absl::FormatDuration(config_.orphan_grace));
+  server::Log("dispatch")
+      ->info("recovered queued={} held_by_workers={} grace={}", queued, held,
+             absl::FormatDuration(config_.orphan_grace));
+  next_reconcile_ = now + kReconcileInterval;
   loop_ = std::thread([this] { Loop(); });
   return absl::OkStatus();
 }
@@ -76,6 +89,16 @@ void Dispatcher::Stop() {
     if (session.link) session.link->Close(absl::UnavailableError("daemon shutting down"));
   }
   sessions_.clear();
+  std::vector<std::weak_ptr<WorkerLink>> links;
+  {
+    absl::MutexLock l(&mu_);
+    links.swap(links_);
+  }
+  for (const std::weak_ptr<WorkerLink>& weak : links) {
+    if (std::shared_ptr<WorkerLink> link = weak.lock()) {
+      link->Close(absl::UnavailableError("daemon shutting down"));
+    }
+  }
 }
 
 void Dispatcher::Post(std::function<void()> task) {
@@ -95,26 +118,61 @@ void Dispatcher::JobQueued(job::Job job) {
 
 void Dispatcher::JobCancelled(const std::string& job_id, job::JobState previous) {
   Post([this, job_id, previous] {
-    auto it = jobs_.find(job_id);
-    if (it != jobs_.end()) {
-      const job::Job& j = it->second.job;
-      scheduler_.RemovePending(job_id);
-      if (scheduler_.IsPlaced(job_id)) {
-        std::string worker = scheduler_.WorkerOf(job_id);
-        scheduler_.Finished(job_id, clock_.TimeNow());
-        // The attempt the worker holds: the next one while dispatched, the current one running.
-        int32_t attempt = j.state == JobState::kDispatched ? j.attempt + 1 : j.attempt;
-        SendCancel(worker, job_id, attempt, "cancelled by client");
-      }
-      jobs_.erase(it);
-      ++ended_since_publish_;
-    }
+    Drop(job_id, "cancelled by client", clock_.TimeNow());
     server::Log("dispatch")->debug("cancelled job={} from={}", job_id, job::ToString(previous));
     events_.Publish(job_id, JobState::kCancelled);
   });
 }
 
+void Dispatcher::Drop(const std::string& job_id, const std::string& why, absl::Time now) {
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return;
+  const job::Job& j = it->second.job;
+  scheduler_.RemovePending(job_id);
+  if (scheduler_.IsPlaced(job_id)) {
+    std::string worker = scheduler_.WorkerOf(job_id);
+    scheduler_.Finished(job_id, now);
+    // The attempt the worker holds: the next one while dispatched, the current one running.
+    int32_t attempt = j.state == JobState::kDispatched ? j.attempt + 1 : j.attempt;
+    SendCancel(worker, job_id, attempt, why);
+  }
+  jobs_.erase(it);
+  ++ended_since_publish_;
+}
+
+void Dispatcher::RowsChanged(std::vector<job::Job> rows) {
+  Post([this, rows = std::move(rows)] {
+    const absl::Time now = clock_.TimeNow();
+    for (const job::Job& row : rows) OnRowChanged(row, now);
+  });
+}
+
+void Dispatcher::OnRowChanged(const job::Job& row, absl::Time now) {
+  auto it = jobs_.find(row.id);
+  if (row.state == JobState::kQueued) {
+    if (it != jobs_.end())
+      return;  // already queued here (or the row moved on since: the CAS decides)
+    scheduler_.Enqueue(ToPending(row));
+    jobs_.emplace(row.id, Entry{.job = row});
+    return;
+  }
+  if (job::IsTerminal(row.state) && it != jobs_.end()) {
+    Drop(row.id, absl::StrCat("job ", job::ToString(row.state)), now);
+    events_.Publish(row.id, row.state);
+  }
+}
 void Dispatcher::WorkerConnected(std::shared_ptr<WorkerLink> link, v1::Hello hello) {
+  {
+    absl::MutexLock l(&mu_);
+    if (stopping_) {
+      link->Close(absl::UnavailableError("daemon is not leading any more; reconnect"));
+      return;
+    }
+    links_.erase(std::remove_if(links_.begin(), links_.end(),
+                                [](const std::weak_ptr<WorkerLink>& w) { return w.expired(); }),
+                 links_.end());
+    links_.push_back(link);
+  }
   Post([this, link = std::move(link), hello = std::move(hello)] {
     OnHello(link, hello, clock_.TimeNow());
   });
@@ -135,6 +193,7 @@ void Dispatcher::WorkerMessage(std::shared_ptr<WorkerLink> link, v1::WorkerMessa
         CheckMemory(worker_id, msg.heartbeat());
         scheduler_.SetResidentModels(worker_id, {msg.heartbeat().models_resident().begin(),
                                                  msg.heartbeat().models_resident().end()});
+        OnHeartbeat(worker_id, msg.heartbeat(), now);
         break;
       case v1::WorkerMessage::kDraining:
         scheduler_.SetDraining(worker_id, true);
@@ -389,7 +448,12 @@ void Dispatcher::Sweep(absl::Time now) {
     next_audit_ = now + kAuditInterval;
     for (const std::string& drift : scheduler_.Audit(/*repair=*/true)) {
       server::Log("dispatch")->error("scheduler count drifted and was repaired: {}", drift);
+      ++repairs_;
     }
+  }
+  if (now >= next_reconcile_) {
+    next_reconcile_ = now + kReconcileInterval;
+    Reconcile(now);
   }
 
   // Rows a failed write left DISPATCHED go back to the queue once the store answers again.
@@ -408,8 +472,11 @@ void Dispatcher::Sweep(absl::Time now) {
     } else {
       for (const std::string& id : *expired) {
         scheduler_.RemovePending(id);
+        int32_t attempt = 0;
+        if (auto it = jobs_.find(id); it != jobs_.end()) attempt = it->second.job.attempt;
         if (jobs_.erase(id) > 0) ++ended_since_publish_;
         server::Log("dispatch")->info("expired job={}", id);
+        LogFinished(id, JobState::kExpired, attempt);
         events_.Publish(id, JobState::kExpired);
       }
     }
@@ -589,7 +656,10 @@ void Dispatcher::OnResult(const std::string& worker_id, const v1::Result& result
     scheduler_.Finished(job_id, now, ran);
     jobs_.erase(it);
     ++ended_since_publish_;
-    if (*done) events_.Publish(job_id, JobState::kSucceeded);
+    if (*done) {
+      LogFinished(job_id, JobState::kSucceeded, result.attempt());
+      events_.Publish(job_id, JobState::kSucceeded);
+    }
   }
   SendTo(worker_id, std::move(ack));
 }
@@ -648,7 +718,8 @@ void Dispatcher::FailAttempt(Entry& entry, int32_t attempt, const std::string& e
   const std::string job_id = j.id;
   if (retryable && attempt < j.spec.max_attempts) {
     const config::JobTypeConfig* type = TypeOf(j);
-    absl::Time not_before = now + (type ? sched::RetryBackoff(*type, attempt) : absl::Seconds(1));
+    absl::Time not_before =
+        now + (type ? sched::RetryBackoff(*type, attempt, job_id) : absl::Seconds(1));
     absl::StatusOr<bool> ok = store_.Retry(job_id, attempt, not_before, error);
     if (ok.ok() && *ok) {
       j.state = JobState::kQueued;
@@ -680,6 +751,7 @@ void Dispatcher::FailAttempt(Entry& entry, int32_t attempt, const std::string& e
   if (jobs_.erase(job_id) > 0) ++ended_since_publish_;
   if (*done) {
     server::Log("dispatch")->info("failed job={} attempt={} error=\"{}\"", job_id, attempt, error);
+    LogFinished(job_id, JobState::kFailed, attempt);
     events_.Publish(job_id, JobState::kFailed);
   }
 }
@@ -717,6 +789,142 @@ void Dispatcher::SendCancel(const std::string& worker_id, const std::string& job
   c->set_attempt(attempt);
   c->set_reason(reason);
   SendTo(worker_id, std::move(msg));
+}
+
+void Dispatcher::OnHeartbeat(const std::string& worker_id, const v1::Heartbeat& heartbeat,
+                             absl::Time now) {
+  absl::flat_hash_map<std::string, int32_t> held;
+  for (const v1::HeldJob& h : heartbeat.running_jobs()) held[h.job_id()] = h.attempt();
+
+  // Jobs placed on the worker that it no longer holds: their slots would leak for good.
+  std::vector<std::string> lost;
+  for (const std::string& id : scheduler_.JobsOn(worker_id)) {
+    auto it = jobs_.find(id);
+    if (it == jobs_.end() || it->second.job.state != JobState::kRunning) continue;
+    Entry& e = it->second;
+    auto h = held.find(id);
+    if (h != held.end() && h->second == e.job.attempt) {
+      e.heartbeat_misses = 0;
+    } else if (++e.heartbeat_misses >= kHeartbeatMissesToLose) {
+      lost.push_back(id);
+    }
+  }
+  for (const std::string& id : lost) {
+    Entry& e = jobs_.at(id);
+    server::Log("dispatch")
+        ->error(
+            "worker={} has not reported job={} attempt={} in {} heartbeats: treating it as lost "
+            "there",
+            worker_id, id, e.job.attempt, kHeartbeatMissesToLose);
+    ++repairs_;
+    SendCancel(worker_id, id, e.job.attempt, "not reported by its worker");
+    scheduler_.Finished(id, now);
+    Orphan(e, absl::StrCat("worker ", worker_id, " stopped reporting it"), now);
+  }
+
+  // Jobs the worker runs that are not its to run (cancelled, retried elsewhere): stop them.
+  for (const auto& [id, attempt] : held) {
+    auto it = jobs_.find(id);
+    bool current = false;
+    if (it != jobs_.end()) {
+      const job::Job& j = it->second.job;
+      current = j.worker_id == worker_id &&
+                ((j.state == JobState::kRunning && j.attempt == attempt) ||
+                 (j.state == JobState::kDispatched && j.attempt + 1 == attempt));
+    }
+    if (!current) {
+      server::Log("dispatch")
+          ->warn("worker={} runs job={} attempt={} that is not its own: stopping it", worker_id, id,
+                 attempt);
+      ++repairs_;
+      SendCancel(worker_id, id, attempt, "attempt is no longer current");
+    }
+  }
+}
+
+void Dispatcher::Reconcile(absl::Time now) {
+  // Placed jobs: the rows the database has DISPATCHED or RUNNING against the jobs placed here.
+  absl::StatusOr<std::vector<store::JobRef>> placed = store_.LoadPlacedRefs();
+  if (!placed.ok()) {
+    server::Log("dispatch")
+        ->warn("reconcile: cannot read placed jobs status={}", placed.status().ToString());
+    return;
+  }
+  absl::flat_hash_map<std::string, const store::JobRef*> placed_rows;
+  for (const store::JobRef& r : *placed) placed_rows[r.job_id] = &r;
+  std::vector<std::string> suspect;
+  for (const auto& [id, e] : jobs_) {
+    if (e.job.state != JobState::kDispatched && e.job.state != JobState::kRunning) continue;
+    auto r = placed_rows.find(id);
+    if (r == placed_rows.end() || r->second->state != e.job.state ||
+        r->second->attempt != e.job.attempt) {
+      suspect.push_back(id);
+    }
+  }
+  // Queued jobs: counts first; the whole list only when they differ.
+  absl::StatusOr<std::vector<store::TypeStateCount>> counts = store_.CountActiveByTypeAndState();
+  int64_t queued_rows = 0;
+  if (counts.ok()) {
+    for (const store::TypeStateCount& c : *counts) {
+      if (c.state == JobState::kQueued) queued_rows += c.count;
+    }
+  }
+  int64_t queued_here = 0;
+  for (const auto& [id, e] : jobs_) queued_here += e.job.state == JobState::kQueued;
+
+  if (!suspect.empty()) {
+    absl::StatusOr<std::vector<store::JobRef>> refs = store_.GetRefs(suspect);
+    if (refs.ok()) {
+      for (const store::JobRef& r : *refs) {
+        auto it = jobs_.find(r.job_id);
+        if (it == jobs_.end()) continue;
+        const job::Job& j = it->second.job;
+        if (r.state == j.state && r.attempt == j.attempt) continue;  // moved on while we read
+        if (job::IsTerminal(r.state)) {
+          server::Log("dispatch")
+              ->error("reconcile: job={} is {} in the database but {} here: dropping it", r.job_id,
+                      job::ToString(r.state), job::ToString(j.state));
+          ++repairs_;
+          Drop(r.job_id, "ended elsewhere", now);
+          events_.Publish(r.job_id, r.state);
+        }
+      }
+    }
+  }
+  if (counts.ok() && queued_rows != queued_here) {
+    absl::StatusOr<std::vector<job::Job>> active = store_.LoadActive();
+    if (active.ok()) {
+      absl::flat_hash_set<std::string> queued_in_db;
+      for (job::Job& row : *active) {
+        if (row.state != JobState::kQueued) continue;
+        queued_in_db.insert(row.id);
+        if (!jobs_.contains(row.id)) {
+          server::Log("dispatch")
+              ->warn("reconcile: queued job={} was not known here: queuing it", row.id);
+          ++repairs_;
+          OnRowChanged(row, now);
+        }
+      }
+      std::vector<std::string> gone;
+      for (const auto& [id, e] : jobs_) {
+        if (e.job.state == JobState::kQueued && !queued_in_db.contains(id)) gone.push_back(id);
+      }
+      if (!gone.empty()) {
+        absl::StatusOr<std::vector<store::JobRef>> refs = store_.GetRefs(gone);
+        if (refs.ok()) {
+          for (const store::JobRef& r : *refs) {
+            if (!job::IsTerminal(r.state)) continue;
+            server::Log("dispatch")
+                ->error("reconcile: queued job={} is {} in the database: dropping it", r.job_id,
+                        job::ToString(r.state));
+            ++repairs_;
+            Drop(r.job_id, "ended elsewhere", now);
+            events_.Publish(r.job_id, r.state);
+          }
+        }
+      }
+    }
+  }
 }
 
 void Dispatcher::CheckMemory(const std::string& worker_id, const v1::Heartbeat& heartbeat) {

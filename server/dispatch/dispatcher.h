@@ -1,5 +1,6 @@
 #pragma once
 
+#include <atomic>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -27,6 +28,10 @@
 
 namespace dispatchd::dispatch {
 
+// Logs the one line (debug, component "dispatch") that records a terminal transition this daemon
+// committed: `finished job=ID state=STATE attempt=N`. Fault tests count them per job.
+void LogFinished(const std::string& job_id, job::JobState state, int32_t attempt);
+
 // Connects the scheduler to the store and the worker streams. It owns the sched::Scheduler and
 // every in-memory view of jobs and workers, and runs them on one thread (the loop): RPC handlers
 // and worker streams post events, the loop applies them, asks the scheduler for decisions,
@@ -34,15 +39,20 @@ namespace dispatchd::dispatch {
 // watchers. The store stays the record of truth: a transition the store refuses (the row moved
 // on, e.g. a concurrent cancel) is dropped here too.
 //
+// One Dispatcher runs per leadership term (server/ha/leadership.h): the daemon that leads builds
+// one when it wins the lease and stops it when it loses it; its store writes carry the term's
+// fence, so a stopped dispatcher of a deposed leader can change nothing.
+//
 // Usage:
-//   Dispatcher d(config, store, clock, events);
+//   Dispatcher d(config, store, clock, events, gate);
 //   DISPATCHD_RETURN_IF_ERROR(d.Start());   // loads active jobs, starts the loop
 //   d.JobQueued(job);                        // after the job's row is committed
 //
 // Thread-safe: public methods post to the loop and return at once (Workers() waits for it).
 class Dispatcher {
  public:
-  Dispatcher(config::Config config, store::JobStore& store, Clock& clock, JobEvents& events);
+  Dispatcher(config::Config config, store::JobStore& store, Clock& clock, JobEvents& events,
+             sched::AdmissionGate& admission);
   ~Dispatcher();
   Dispatcher(const Dispatcher&) = delete;
   Dispatcher& operator=(const Dispatcher&) = delete;
@@ -58,8 +68,13 @@ class Dispatcher {
   void JobQueued(job::Job job);
   // A job's row moved to CANCELLED from `previous`; a worker running it is told to stop.
   void JobCancelled(const std::string& job_id, job::JobState previous);
+  // Rows that changed behind the dispatcher's back (a standby inserted or cancelled them), as
+  // read after the change: a QUEUED job it does not hold is queued, a job it holds that has
+  // ended is dropped (its worker told to stop).
+  void RowsChanged(std::vector<job::Job> rows);
 
-  // A worker stream sent its Hello (already checked for required fields).
+  // A worker stream sent its Hello (already checked for required fields). Once Stop() has begun
+  // the link is closed UNAVAILABLE instead.
   void WorkerConnected(std::shared_ptr<WorkerLink> link, v1::Hello hello);
   // A later message on that stream.
   void WorkerMessage(std::shared_ptr<WorkerLink> link, v1::WorkerMessage msg);
@@ -80,12 +95,18 @@ class Dispatcher {
   // Limits checked before a job is written (max_active, max_queue_depth). Thread-safe.
   sched::AdmissionGate& admission() { return admission_; }
 
+  // Drifts found and repaired since start: scheduler counts that disagreed with its jobs, jobs a
+  // worker stopped reporting, jobs a worker ran that were not its own, rows that changed in the
+  // database without the dispatcher hearing of it. Thread-safe.
+  int64_t repairs() const { return repairs_.load(); }
+
  private:
   // A job the daemon has not seen end.
   struct Entry {
     job::Job job;  // state and attempt as last committed
     absl::Time run_deadline = absl::InfiniteFuture();     // RUNNING: execution timeout
     absl::Time orphan_deadline = absl::InfiniteFuture();  // after a restart: re-attach grace
+    int heartbeat_misses = 0;  // RUNNING: heartbeats in a row from its worker without it
   };
   struct Session {
     std::shared_ptr<WorkerLink> link;  // null while disconnected
@@ -112,6 +133,14 @@ class Dispatcher {
   void OnAccept(const std::string& worker_id, const v1::Accept& accept, absl::Time now);
   void OnReject(const std::string& worker_id, const v1::Reject& reject);
   void OnResult(const std::string& worker_id, const v1::Result& result, absl::Time now);
+  // Checks a heartbeat's held jobs against the jobs placed on the worker (both ways).
+  void OnHeartbeat(const std::string& worker_id, const v1::Heartbeat& heartbeat, absl::Time now);
+  void OnRowChanged(const job::Job& row, absl::Time now);
+  // Compares the jobs held here with the active rows in the database and repairs differences.
+  void Reconcile(absl::Time now);
+  // Forgets a job whose row ended elsewhere; its worker, if any, is told to stop.
+  void Drop(const std::string& job_id, const std::string& why, absl::Time now);
+
   void OnDisconnect(const std::shared_ptr<WorkerLink>& link, absl::Time now);
   void LoseWorker(const std::string& worker_id, const std::string& reason);
   // A job whose worker is gone: DISPATCHED returns to the queue, RUNNING follows on_orphan.
@@ -143,11 +172,14 @@ class Dispatcher {
   absl::Mutex mu_;
   std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // Every link handed to WorkerConnected, so that Stop() can close those whose Hello never ran.
+  std::vector<std::weak_ptr<WorkerLink>> links_ ABSL_GUARDED_BY(mu_);
   std::thread loop_;
+  std::atomic<int64_t> repairs_{0};
 
   // Loop-confined state.
   sched::Scheduler scheduler_;
-  sched::AdmissionGate admission_;
+  sched::AdmissionGate& admission_;
   OverflowHook overflow_hook_;
   int64_t ended_since_publish_ = 0;  // jobs that left jobs_ for good since the last PublishLoad
   absl::flat_hash_map<std::string, Entry> jobs_;
@@ -156,6 +188,7 @@ class Dispatcher {
   absl::Time next_sweep_ = absl::InfinitePast();
   absl::Time next_expiry_ = absl::InfinitePast();
   absl::Time next_audit_ = absl::InfinitePast();
+  absl::Time next_reconcile_ = absl::InfinitePast();
   absl::Time dispatch_paused_until_ = absl::InfinitePast();
   uint64_t next_session_ = 1;
 };

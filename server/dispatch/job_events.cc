@@ -32,4 +32,12 @@ void JobEvents::Publish(const std::string& job_id, job::JobState state) {
   for (const Subscription& s : it->second) s.callback(state);
 }
 
+std::vector<std::string> JobEvents::WatchedJobs() {
+  absl::MutexLock l(&mu_);
+  std::vector<std::string> ids;
+  ids.reserve(by_job_.size());
+  for (const auto& [id, subs] : by_job_) ids.push_back(id);
+  return ids;
+}
+
 }  // namespace dispatchd::dispatch

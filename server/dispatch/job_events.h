@@ -23,6 +23,8 @@ class JobEvents {
   uint64_t Subscribe(const std::string& job_id, Callback callback) ABSL_LOCKS_EXCLUDED(mu_);
   void Unsubscribe(uint64_t token) ABSL_LOCKS_EXCLUDED(mu_);
   void Publish(const std::string& job_id, job::JobState state) ABSL_LOCKS_EXCLUDED(mu_);
+  // Jobs that have at least one subscriber now (a standby polls their rows).
+  std::vector<std::string> WatchedJobs() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Subscription {

@@ -95,6 +95,15 @@ absl::StatusOr<config::RateLimit> ParseRateLimit(const v1::SetRateLimitRequest& 
   return limit;
 }
 
+// The answer of a standby to a call only the leader can serve.
+grpc::Status NotLeader(const ha::LeaderInfo& leader) {
+  return grpc::Status(
+      grpc::StatusCode::UNAVAILABLE,
+      leader.address.empty()
+          ? std::string("this daemon is a standby and no leader is known yet; try again")
+          : absl::StrCat("this daemon is a standby; ask the leader at ", leader.address));
+}
+
 }  // namespace
 
 grpc::ServerUnaryReactor* AdminServiceImpl::Stats(grpc::CallbackServerContext* ctx,
@@ -137,12 +146,19 @@ grpc::ServerUnaryReactor* AdminServiceImpl::Stats(grpc::CallbackServerContext* c
       }
     }
     for (auto& [name, s] : by_type) *resp->add_types() = std::move(s);
-    for (const v1::WorkerInfo& w : dispatcher_.Workers()) {
-      resp->set_workers(resp->workers() + 1);
-      resp->set_slots_total(resp->slots_total() + w.slots());
-      resp->set_slots_busy(resp->slots_busy() + w.busy());
+    const ha::LeaderInfo leader = leadership_.leader();
+    resp->mutable_leader()->set_is_leader(leader.is_leader);
+    resp->mutable_leader()->set_address(leader.address);
+    resp->mutable_leader()->set_epoch(leader.epoch);
+    if (std::shared_ptr<dispatch::Dispatcher> d = leadership_.dispatcher()) {
+      for (const v1::WorkerInfo& w : d->Workers()) {
+        resp->set_workers(resp->workers() + 1);
+        resp->set_slots_total(resp->slots_total() + w.slots());
+        resp->set_slots_busy(resp->slots_busy() + w.busy());
+      }
+      AddSchedulerStats(d->SchedulerStats(kMaxStatsKeys), kMaxStatsKeys, resp);
+      resp->set_accounting_repairs(d->repairs());
     }
-    AddSchedulerStats(dispatcher_.SchedulerStats(kMaxStatsKeys), kMaxStatsKeys, resp);
     reactor->Finish(grpc::Status::OK);
   });
   return reactor;
@@ -153,7 +169,12 @@ grpc::ServerUnaryReactor* AdminServiceImpl::ListWorkers(grpc::CallbackServerCont
                                                         v1::ListWorkersResponse* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   executor_.Schedule([this, resp, reactor] {
-    for (v1::WorkerInfo& w : dispatcher_.Workers()) *resp->add_workers() = std::move(w);
+    std::shared_ptr<dispatch::Dispatcher> d = leadership_.dispatcher();
+    if (d == nullptr) {
+      reactor->Finish(NotLeader(leadership_.leader()));
+      return;
+    }
+    for (v1::WorkerInfo& w : d->Workers()) *resp->add_workers() = std::move(w);
     reactor->Finish(grpc::Status::OK);
   });
   return reactor;
@@ -169,7 +190,12 @@ grpc::ServerUnaryReactor* AdminServiceImpl::SetRateLimit(grpc::CallbackServerCon
     return reactor;
   }
   executor_.Schedule([this, req, resp, reactor, limit = *limit] {
-    if (!dispatcher_.SetRateLimit(req->model(), limit)) {
+    std::shared_ptr<dispatch::Dispatcher> d = leadership_.dispatcher();
+    if (d == nullptr) {
+      reactor->Finish(NotLeader(leadership_.leader()));
+      return;
+    }
+    if (!d->SetRateLimit(req->model(), limit)) {
       std::set<std::string> configured;  // sorted, for the message
       for (const config::JobTypeConfig& t : config_.types) configured.insert(t.rate_key());
       if (configured.contains(req->model())) {

@@ -2,18 +2,19 @@
 
 #include "dispatchd/v1/admin_service.grpc.pb.h"
 #include "lib/config/config.h"
-#include "server/dispatch/dispatcher.h"
+#include "server/ha/leadership.h"
 #include "server/store/job_store.h"
 #include "server/util/executor.h"
 
 namespace dispatchd::rpc {
 
-// AdminService: what the daemon is doing now. Thread-safe.
+// AdminService: what the daemon is doing now. Workers and the scheduler live on the leader: a
+// standby answers ListWorkers and SetRateLimit UNAVAILABLE, naming the leader. Thread-safe.
 class AdminServiceImpl final : public v1::AdminService::CallbackService {
  public:
-  AdminServiceImpl(const config::Config& config, store::JobStore& store,
-                   dispatch::Dispatcher& dispatcher, server::Executor& executor)
-      : config_(config), store_(store), dispatcher_(dispatcher), executor_(executor) {}
+  AdminServiceImpl(const config::Config& config, store::JobStore& store, ha::Leadership& leadership,
+                   server::Executor& executor)
+      : config_(config), store_(store), leadership_(leadership), executor_(executor) {}
 
   grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* ctx, const v1::StatsRequest* req,
                                   v1::StatsResponse* resp) override;
@@ -30,7 +31,7 @@ class AdminServiceImpl final : public v1::AdminService::CallbackService {
  private:
   const config::Config& config_;
   store::JobStore& store_;
-  dispatch::Dispatcher& dispatcher_;
+  ha::Leadership& leadership_;
   server::Executor& executor_;
 };
 

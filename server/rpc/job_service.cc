@@ -67,7 +67,7 @@ absl::StatusOr<store::InsertOutcome> JobServiceImpl::Enqueue(const v1::JobSpec& 
   // Reserve room before anything is written. From here on the reservation is settled exactly
   // once: Release below when nothing new was written, or Counted by the dispatcher when it takes
   // in the job handed to it by JobQueued.
-  sched::AdmissionGate& gate = dispatcher_.admission();
+  sched::AdmissionGate& gate = leadership_.admission();
   const std::string type = resolved->type;
   if (absl::Status admitted = gate.TryAdmit(type, retry_after); !admitted.ok()) {
     server::Log("grpc")->debug("refused type={} key={}: {}", type, resolved->fairness_key,
@@ -83,7 +83,16 @@ absl::StatusOr<store::InsertOutcome> JobServiceImpl::Enqueue(const v1::JobSpec& 
   }
   server::Log("grpc")->debug("queued job={} type={} key={}", job.id, job.spec.type,
                              job.spec.fairness_key);
-  dispatcher_.JobQueued(std::move(job));
+  if (std::shared_ptr<dispatch::Dispatcher> d = leadership_.dispatcher()) {
+    d->JobQueued(std::move(job));
+  } else {
+    // A standby: the leader learns of the row from the database (now, or at its next recount).
+    gate.Counted(type);
+    if (absl::Status told = store_.NotifyChanged(job.id); !told.ok()) {
+      server::Log("grpc")->warn("could not notify the leader of job={}: {}", job.id,
+                                told.message());
+    }
+  }
   return outcome;
 }
 
@@ -238,7 +247,9 @@ grpc::ServerUnaryReactor* JobServiceImpl::Status(grpc::CallbackServerContext* ct
 }
 
 void JobServiceImpl::AddWaitInfo(v1::Job* job) {
-  std::optional<sched::WaitInfo> info = dispatcher_.WhyWaiting(job->id());
+  std::shared_ptr<dispatch::Dispatcher> d = leadership_.dispatcher();
+  if (d == nullptr) return;  // only the leader's scheduler knows
+  std::optional<sched::WaitInfo> info = d->WhyWaiting(job->id());
   if (!info.has_value()) return;  // the row is QUEUED but the daemon does not hold it (a race)
   // kNone: nothing holds it back; it goes at the dispatcher's next turn, behind what goes first.
   const sched::WaitReason reason =
@@ -258,7 +269,16 @@ grpc::ServerUnaryReactor* JobServiceImpl::Cancel(grpc::CallbackServerContext* ct
       absl::StatusOr<store::CancelOutcome> outcome =
           store_.Cancel(req->job_id(), "cancelled by client");
       if (outcome.ok()) {
-        dispatcher_.JobCancelled(outcome->job.id, outcome->previous);
+        dispatch::LogFinished(outcome->job.id, JobState::kCancelled, outcome->job.attempt);
+        if (std::shared_ptr<dispatch::Dispatcher> d = leadership_.dispatcher()) {
+          d->JobCancelled(outcome->job.id, outcome->previous);
+        } else {
+          if (absl::Status told = store_.NotifyChanged(outcome->job.id); !told.ok()) {
+            server::Log("grpc")->warn("could not notify the leader of job={}: {}", outcome->job.id,
+                                      told.message());
+          }
+          events_.Publish(outcome->job.id, JobState::kCancelled);
+        }
         convert::ToProto(outcome->job, resp->mutable_job());
       }
       status = outcome.status();

@@ -9,22 +9,24 @@
 #include "lib/util/clock.h"
 #include "server/dispatch/dispatcher.h"
 #include "server/dispatch/job_events.h"
+#include "server/ha/leadership.h"
 #include "server/store/job_store.h"
 #include "server/util/executor.h"
 
 namespace dispatchd::rpc {
 
 // JobService over the gRPC callback API. Each method validates the request (naming the field in
-// any error), converts it, calls the store and the dispatcher, and maps the status back. Store
+// any error), converts it, calls the store and the dispatcher, and maps the status back. Every
+// daemon serves it: a standby writes the row and tells the leader through the database
+// (JobStore::NotifyChanged), and its RunSync and Watch calls learn of changes by polling. Store
 // calls run on `executor`, never on gRPC's callback threads. Thread-safe.
 class JobServiceImpl final : public v1::JobService::CallbackService {
  public:
-  JobServiceImpl(const config::Config& config, store::JobStore& store,
-                 dispatch::Dispatcher& dispatcher, dispatch::JobEvents& events,
-                 server::Executor& executor, Clock& clock)
+  JobServiceImpl(const config::Config& config, store::JobStore& store, ha::Leadership& leadership,
+                 dispatch::JobEvents& events, server::Executor& executor, Clock& clock)
       : config_(config),
         store_(store),
-        dispatcher_(dispatcher),
+        leadership_(leadership),
         events_(events),
         executor_(executor),
         clock_(clock) {}
@@ -55,7 +57,7 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
 
   const config::Config& config_;
   store::JobStore& store_;
-  dispatch::Dispatcher& dispatcher_;
+  ha::Leadership& leadership_;
   dispatch::JobEvents& events_;
   server::Executor& executor_;
   Clock& clock_;

@@ -39,14 +39,14 @@ class StreamLink final : public dispatch::WorkerLink {
 
 class WorkerStream final : public grpc::ServerBidiReactor<v1::WorkerMessage, v1::DaemonMessage> {
  public:
-  WorkerStream(dispatch::Dispatcher& dispatcher, std::string peer)
-      : dispatcher_(dispatcher), link_(std::make_shared<StreamLink>(this, std::move(peer))) {
+  WorkerStream(ha::Leadership& leadership, std::string peer)
+      : leadership_(leadership), link_(std::make_shared<StreamLink>(this, std::move(peer))) {
     StartRead(&in_);
   }
 
   void OnReadDone(bool ok) override {
     if (!ok) {
-      if (said_hello_) dispatcher_.WorkerDisconnected(link_);
+      if (said_hello_) dispatcher_->WorkerDisconnected(link_);
       Close(absl::OkStatus());
       return;
     }
@@ -59,10 +59,17 @@ class WorkerStream final : public grpc::ServerBidiReactor<v1::WorkerMessage, v1:
         Close(s);
         return;
       }
+      // The stream stays with the dispatcher of the term it said Hello to; when that term ends
+      // the dispatcher closes it and the worker connects again.
+      dispatcher_ = leadership_.dispatcher();
+      if (dispatcher_ == nullptr) {
+        Redirect();
+        return;
+      }
       said_hello_ = true;
-      dispatcher_.WorkerConnected(link_, std::move(*in_.mutable_hello()));
+      dispatcher_->WorkerConnected(link_, std::move(*in_.mutable_hello()));
     } else {
-      dispatcher_.WorkerMessage(link_, std::move(in_));
+      dispatcher_->WorkerMessage(link_, std::move(in_));
     }
     in_.Clear();
     StartRead(&in_);
@@ -89,8 +96,25 @@ class WorkerStream final : public grpc::ServerBidiReactor<v1::WorkerMessage, v1:
 
   void OnDone() override {
     link_->Detach();
-    if (said_hello_) dispatcher_.WorkerDisconnected(link_);
+    if (said_hello_) dispatcher_->WorkerDisconnected(link_);
     delete this;
+  }
+
+  // A standby's answer to Hello: where the leader is, then the end of the stream.
+  void Redirect() {
+    const ha::LeaderInfo leader = leadership_.leader();
+    v1::DaemonMessage msg;
+    v1::Redirect* r = msg.mutable_redirect();
+    r->set_leader_address(leader.address);
+    r->set_message(
+        leader.address.empty()
+            ? std::string("this daemon is a standby and no leader is known yet")
+            : absl::StrCat("this daemon is a standby; the leader is at ", leader.address));
+    server::Log("grpc")->debug("worker redirected peer={} leader={}", link_->peer(),
+                               leader.address);
+    std::string message = r->message();
+    Send(std::move(msg));
+    Close(absl::UnavailableError(message));
   }
 
   void Send(v1::DaemonMessage msg) {
@@ -123,7 +147,8 @@ class WorkerStream final : public grpc::ServerBidiReactor<v1::WorkerMessage, v1:
   }
 
  private:
-  dispatch::Dispatcher& dispatcher_;
+  ha::Leadership& leadership_;
+  std::shared_ptr<dispatch::Dispatcher> dispatcher_;  // the term this stream said Hello to
   std::shared_ptr<StreamLink> link_;
   v1::WorkerMessage in_;  // touched only by the read chain
   bool said_hello_ = false;
@@ -166,7 +191,7 @@ absl::Status CheckHello(const v1::Hello& hello) {
 
 grpc::ServerBidiReactor<v1::WorkerMessage, v1::DaemonMessage>* WorkerServiceImpl::Connect(
     grpc::CallbackServerContext* ctx) {
-  return new WorkerStream(dispatcher_, ctx->peer());
+  return new WorkerStream(leadership_, ctx->peer());
 }
 
 }  // namespace dispatchd::rpc

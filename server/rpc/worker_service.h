@@ -2,6 +2,7 @@
 
 #include "dispatchd/v1/worker_service.grpc.pb.h"
 #include "server/dispatch/dispatcher.h"
+#include "server/ha/leadership.h"
 
 namespace dispatchd::rpc {
 
@@ -9,13 +10,13 @@ namespace dispatchd::rpc {
 // WorkerLink once its Hello checks out. No thread is held per stream. Thread-safe.
 class WorkerServiceImpl final : public v1::WorkerService::CallbackService {
  public:
-  explicit WorkerServiceImpl(dispatch::Dispatcher& dispatcher) : dispatcher_(dispatcher) {}
+  explicit WorkerServiceImpl(ha::Leadership& leadership) : leadership_(leadership) {}
 
   grpc::ServerBidiReactor<v1::WorkerMessage, v1::DaemonMessage>* Connect(
       grpc::CallbackServerContext* ctx) override;
 
  private:
-  dispatch::Dispatcher& dispatcher_;
+  ha::Leadership& leadership_;
 };
 
 // OK, or InvalidArgument naming the bad field of a worker's Hello.

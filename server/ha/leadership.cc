@@ -1,0 +1,260 @@
+#include "server/ha/leadership.h"
+
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+
+#include "server/util/log.h"
+
+namespace dispatchd::ha {
+namespace {
+
+constexpr absl::Duration kTick = absl::Milliseconds(100);
+constexpr absl::Duration kReconnectPause = absl::Seconds(1);
+constexpr absl::Duration kAdmissionRefresh = absl::Seconds(1);
+
+}  // namespace
+
+std::string ApplicationName(const std::string& daemon_id) {
+  return absl::StrCat("dispatchd ", daemon_id);
+}
+
+Leadership::Leadership(const config::Config& config, LeadershipOptions options,
+                       store::JobStore& store, Clock& clock, dispatch::JobEvents& events,
+                       sched::AdmissionGate& admission)
+    : config_(config),
+      options_(std::move(options)),
+      store_(store),
+      clock_(clock),
+      events_(events),
+      admission_(admission),
+      tick_(std::min(kTick, config.ha.lease / 8)),
+      interval_(config.ha.lease / 4) {}
+
+Leadership::~Leadership() { Stop(); }
+
+absl::Status Leadership::Start(std::string address) {
+  address_ = std::move(address);
+  absl::StatusOr<std::unique_ptr<store::PgLeaderLease>> lease = store::PgLeaderLease::Connect(
+      options_.url, ApplicationName(options_.daemon_id), options_.connect_timeout);
+  if (!lease.ok()) return lease.status();
+  lease_ = *std::move(lease);
+  if (!TryLead(clock_.TimeNow())) {
+    lease_.reset();
+    return absl::UnavailableError("leader election: the database session failed at once");
+  }
+  thread_ = std::thread([this] { Loop(); });
+  return absl::OkStatus();
+}
+
+void Leadership::Stop() {
+  {
+    absl::MutexLock l(&mu_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
+  if (epoch_ > 0) Demote("the daemon is stopping");
+  lease_.reset();
+}
+
+bool Leadership::Stopping() const {
+  absl::MutexLock l(&mu_);
+  return stopping_;
+}
+
+std::shared_ptr<dispatch::Dispatcher> Leadership::dispatcher() const {
+  absl::MutexLock l(&mu_);
+  return dispatcher_;
+}
+
+LeaderInfo Leadership::leader() const {
+  absl::MutexLock l(&mu_);
+  return info_;
+}
+
+void Leadership::Loop() {
+  while (!Stopping()) {
+    const absl::Time now = clock_.TimeNow();
+    if (lease_ == nullptr) {
+      if (now >= next_connect_) {
+        absl::StatusOr<std::unique_ptr<store::PgLeaderLease>> lease = store::PgLeaderLease::Connect(
+            options_.url, ApplicationName(options_.daemon_id), options_.connect_timeout);
+        if (lease.ok()) {
+          lease_ = *std::move(lease);
+          next_try_ = now;
+          server::Log("ha")->info("leader election session open again");
+        } else {
+          next_connect_ = now + kReconnectPause;
+          server::Log("ha")->warn("leader election cannot reach the database: {}",
+                                  lease.status().message());
+        }
+      }
+    }
+    bool ok = true;
+    if (lease_ != nullptr) ok = epoch_ > 0 ? LeadTick(now) : StandbyTick(now);
+    if (!ok) {
+      lease_.reset();  // ends the session: a leader's lock goes with it
+      next_connect_ = now + kReconnectPause;
+    }
+    // The leader waits inside LeadTick (for notifications); everyone else waits here.
+    if (epoch_ == 0 || lease_ == nullptr) {
+      absl::MutexLock l(&mu_);
+      mu_.AwaitWithTimeout(absl::Condition(&stopping_), tick_);
+    }
+  }
+}
+
+bool Leadership::LeadTick(absl::Time now) {
+  absl::StatusOr<std::vector<std::string>> ids = lease_->AwaitNotifications(tick_);
+  if (!ids.ok()) {
+    Demote(absl::StrCat("lost its database session: ", ids.status().message()));
+    return false;
+  }
+  if (!ids->empty()) {
+    absl::flat_hash_set<std::string> seen;
+    std::vector<job::Job> rows;
+    for (const std::string& id : *ids) {
+      if (!seen.insert(id).second) continue;
+      if (absl::StatusOr<job::Job> job = store_.Get(id); job.ok()) rows.push_back(*std::move(job));
+    }
+    if (std::shared_ptr<dispatch::Dispatcher> d = dispatcher(); d && !rows.empty()) {
+      d->RowsChanged(std::move(rows));
+    }
+  }
+  if (now >= next_renew_) {
+    if (absl::Status renewed = lease_->Renew(epoch_); !renewed.ok()) {
+      Demote(absl::StrCat("could not renew its lease: ", renewed.message()));
+      return false;
+    }
+    next_renew_ = now + interval_;
+  }
+  return true;
+}
+
+bool Leadership::StandbyTick(absl::Time now) {
+  PollWatched();
+  if (now >= next_refresh_) {
+    next_refresh_ = now + kAdmissionRefresh;
+    RefreshAdmission();
+  }
+  if (now >= next_try_) return TryLead(now);
+  return true;
+}
+
+bool Leadership::TryLead(absl::Time now) {
+  next_try_ = now + interval_;
+  absl::StatusOr<std::optional<int64_t>> epoch =
+      lease_->TryAcquire(options_.daemon_id, address_, config_.ha.lease / 2);
+  if (!epoch.ok()) {
+    server::Log("ha")->warn("leader election failed: {}", epoch.status().message());
+    return false;
+  }
+  if (epoch->has_value()) {
+    Promote(**epoch, now);
+    return true;
+  }
+  absl::StatusOr<store::LeaderRecord> record = lease_->Read();
+  if (!record.ok()) {
+    server::Log("ha")->warn("cannot read the leader record: {}", record.status().message());
+    return false;
+  }
+  bool changed;
+  {
+    absl::MutexLock l(&mu_);
+    changed = info_.epoch != record->epoch || info_.address != record->address;
+    info_ = LeaderInfo{.is_leader = false, .address = record->address, .epoch = record->epoch};
+  }
+  if (changed) {
+    server::Log("ha")->info("standby leader={} epoch={} holder={}", record->address, record->epoch,
+                            record->holder);
+  }
+  // The lock is held, but the lease has not moved for a whole lease: the leader is frozen or cut
+  // off. End its sessions, which frees the lock and any row lock its writes hold.
+  if (!record->holder.empty() && record->holder != options_.daemon_id &&
+      record->since_renewal > config_.ha.lease) {
+    absl::StatusOr<int> ended = lease_->Evict(ApplicationName(record->holder));
+    server::Log("ha")->warn(
+        "leader {} (epoch {}) has not renewed its lease for {}: ended {} of its sessions",
+        record->holder, record->epoch, absl::FormatDuration(record->since_renewal),
+        ended.ok() ? *ended : -1);
+    next_try_ = now;  // take the lock on the next round
+  }
+  return true;
+}
+
+void Leadership::Promote(int64_t epoch, absl::Time now) {
+  store_.SetFence(epoch);
+  if (absl::Status listening = lease_->Listen(); !listening.ok()) {
+    server::Log("ha")->warn("cannot listen for job changes: {}", listening.message());
+    lease_.reset();
+    next_connect_ = now + kReconnectPause;
+    return;
+  }
+  auto d = std::make_shared<dispatch::Dispatcher>(config_, store_, clock_, events_, admission_);
+  if (absl::Status started = d->Start(); !started.ok()) {
+    server::Log("ha")->error("won the lease at epoch {} but cannot load jobs: {}", epoch,
+                             started.message());
+    d.reset();
+    lease_.reset();  // gives the lease up
+    next_connect_ = now + kReconnectPause;
+    return;
+  }
+  epoch_ = epoch;
+  next_renew_ = now + interval_;
+  watched_.clear();
+  {
+    absl::MutexLock l(&mu_);
+    dispatcher_ = std::move(d);
+    info_ = LeaderInfo{.is_leader = true, .address = address_, .epoch = epoch};
+  }
+  server::Log("ha")->info("became leader epoch={} address={} daemon={}", epoch, address_,
+                          options_.daemon_id);
+}
+
+void Leadership::Demote(const std::string& why) {
+  std::shared_ptr<dispatch::Dispatcher> d;
+  {
+    absl::MutexLock l(&mu_);
+    d = std::move(dispatcher_);
+    info_.is_leader = false;
+  }
+  const int64_t epoch = epoch_;
+  epoch_ = 0;
+  if (d != nullptr) d->Stop();
+  server::Log("ha")->warn("stepped down epoch={}: {}", epoch, why);
+}
+
+void Leadership::PollWatched() {
+  std::vector<std::string> ids = events_.WatchedJobs();
+  if (ids.empty()) {
+    watched_.clear();
+    return;
+  }
+  absl::StatusOr<std::vector<store::JobRef>> refs = store_.GetRefs(ids);
+  if (!refs.ok()) return;
+  absl::flat_hash_map<std::string, job::JobState> next;
+  for (const store::JobRef& r : *refs) {
+    auto it = watched_.find(r.job_id);
+    if (it == watched_.end() || it->second != r.state) events_.Publish(r.job_id, r.state);
+    next[r.job_id] = r.state;
+  }
+  watched_ = std::move(next);
+}
+
+void Leadership::RefreshAdmission() {
+  absl::StatusOr<std::vector<store::TypeStateCount>> counts = store_.CountActiveByTypeAndState();
+  if (!counts.ok()) return;
+  int64_t active = 0;
+  absl::flat_hash_map<std::string, int64_t> queued;
+  for (const store::TypeStateCount& c : *counts) {
+    active += c.count;
+    if (c.state == job::JobState::kQueued) queued[c.type] += c.count;
+  }
+  admission_.Publish(active, std::move(queued));
+}
+
+}  // namespace dispatchd::ha

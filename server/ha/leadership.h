@@ -1,0 +1,117 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+#include "lib/config/config.h"
+#include "lib/job/job.h"
+#include "lib/sched/admission_gate.h"
+#include "lib/util/clock.h"
+#include "server/dispatch/dispatcher.h"
+#include "server/dispatch/job_events.h"
+#include "server/store/job_store.h"
+#include "server/store/pg_leader_lease.h"
+
+namespace dispatchd::ha {
+
+// Who leads, as this daemon last saw it.
+struct LeaderInfo {
+  bool is_leader = false;  // this daemon
+  std::string address;     // the leader's address; empty while none is known
+  int64_t epoch = 0;       // its term
+};
+
+struct LeadershipOptions {
+  // The database (the same one the store uses).
+  std::string url;
+  // Unique among the daemons sharing the database; names this daemon's sessions.
+  std::string daemon_id;
+  absl::Duration connect_timeout = absl::Seconds(5);
+};
+
+// The PostgreSQL application_name of every session of daemon `daemon_id` (store and lease), so
+// that a new leader can end all of a frozen leader's sessions.
+std::string ApplicationName(const std::string& daemon_id);
+
+// Runs leader election among the daemons that share one database, and this daemon's role in it.
+//
+// The leader holds an advisory lock (store::PgLeaderLease), renews its lease every `ha.lease / 4`
+// and runs the one Dispatcher that schedules; its store writes carry its epoch as a fence. A
+// standby tries the lock every `ha.lease / 4`, ends the sessions of a leader that has not renewed
+// for `ha.lease`, feeds the admission gate from the database's counts once a second, and polls
+// the rows of jobs its own RunSync and Watch calls wait for (JobEvents). Losing the lease (its
+// session broke, the database restarted, another epoch began) stops the dispatcher at once; the
+// daemon then competes again as a standby, and a new term starts from the database.
+//
+//   ha::Leadership leadership(config, {.url = url, .daemon_id = id}, store, clock, events, gate);
+//   DISPATCHD_RETURN_IF_ERROR(leadership.Start("10.0.0.5:7411"));
+//   if (std::shared_ptr<dispatch::Dispatcher> d = leadership.dispatcher()) d->JobQueued(job);
+//
+// Thread-safe. The election runs on a thread of its own.
+class Leadership {
+ public:
+  Leadership(const config::Config& config, LeadershipOptions options, store::JobStore& store,
+             Clock& clock, dispatch::JobEvents& events, sched::AdmissionGate& admission);
+  ~Leadership();
+  Leadership(const Leadership&) = delete;
+  Leadership& operator=(const Leadership&) = delete;
+
+  // Runs the first round (this daemon leads, with its jobs loaded, or knows it is a standby),
+  // then keeps running rounds on a thread. `address` is where workers and clients reach this
+  // daemon when it leads. Unavailable if the database cannot be reached.
+  absl::Status Start(std::string address) ABSL_LOCKS_EXCLUDED(mu_);
+  // Stops the election; a leader stops its dispatcher and gives the lease up.
+  void Stop() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The dispatcher of this daemon's current term; null while it does not lead.
+  std::shared_ptr<dispatch::Dispatcher> dispatcher() const ABSL_LOCKS_EXCLUDED(mu_);
+  LeaderInfo leader() const ABSL_LOCKS_EXCLUDED(mu_);
+  sched::AdmissionGate& admission() { return admission_; }
+
+ private:
+  void Loop() ABSL_LOCKS_EXCLUDED(mu_);
+  // Both return false when the lease session must be dropped (and reopened).
+  bool LeadTick(absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
+  bool StandbyTick(absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
+  // Takes the lease if it is free; clears away a frozen leader. False on a session error.
+  bool TryLead(absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
+  void Promote(int64_t epoch, absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
+  void Demote(const std::string& why) ABSL_LOCKS_EXCLUDED(mu_);
+  void PollWatched();
+  void RefreshAdmission();
+  bool Stopping() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  const config::Config& config_;
+  const LeadershipOptions options_;
+  std::string address_;  // set by Start, before the election thread exists
+  store::JobStore& store_;
+  Clock& clock_;
+  dispatch::JobEvents& events_;
+  sched::AdmissionGate& admission_;
+  const absl::Duration tick_;      // how often a round runs
+  const absl::Duration interval_;  // lease renewal and lock attempts: ha.lease / 4
+
+  mutable absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::shared_ptr<dispatch::Dispatcher> dispatcher_ ABSL_GUARDED_BY(mu_);
+  LeaderInfo info_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;
+
+  // Confined to the election thread (and to Start, before the thread exists).
+  std::unique_ptr<store::PgLeaderLease> lease_;
+  int64_t epoch_ = 0;  // > 0 while leading
+  absl::Time next_connect_ = absl::InfinitePast();
+  absl::Time next_try_ = absl::InfinitePast();
+  absl::Time next_renew_ = absl::InfinitePast();
+  absl::Time next_refresh_ = absl::InfinitePast();
+  absl::flat_hash_map<std::string, job::JobState> watched_;  // last state published per job
+};
+
+}  // namespace dispatchd::ha

@@ -1,0 +1,188 @@
+// Recovery rules against a real daemon: a worker that stops reporting a job it was given (a
+// leaked slot), a late result from an attempt that was retried elsewhere, and `on_orphan: fail`.
+// The misbehaving worker speaks the raw protocol (fake_worker.h); the others are dispatch-worker.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include <signal.h>
+
+#include "tests/e2e/fake_worker.h"
+#include "tests/e2e/harness.h"
+#include "tests/testing/pg_test_db.h"
+
+namespace dispatchd::e2e {
+namespace {
+
+using ::testing::HasSubstr;
+
+v1::Hello FakeHello(const std::string& id) {
+  v1::Hello hello;
+  hello.set_worker_id(id);
+  hello.add_types("echo");
+  hello.set_slots(1);
+  return hello;
+}
+
+class RecoveryTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<testing::TestDatabase> db = testing::TestDatabase::Create("recovery");
+    ASSERT_TRUE(db.ok()) << db.status();
+    db_ = std::make_unique<testing::TestDatabase>(*std::move(db));
+  }
+
+  std::unique_ptr<Daemon> StartDaemon(DaemonOptions options = {}) {
+    options.postgres_url = db_->url();
+    absl::StatusOr<std::unique_ptr<Daemon>> d = Daemon::Start(options, dir_);
+    EXPECT_TRUE(d.ok()) << d.status();
+    return d.ok() ? *std::move(d) : nullptr;
+  }
+
+  absl::StatusOr<v1::StatsResponse> Stats(Daemon& d) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::StatsResponse resp;
+    grpc::Status s = d.admin().Stats(&ctx, v1::StatsRequest(), &resp);
+    if (!s.ok()) return absl::UnavailableError(s.error_message());
+    return resp;
+  }
+
+  TempDir dir_;
+  std::unique_ptr<testing::TestDatabase> db_;
+};
+
+// A worker accepts a job and then forgets it (an SDK bug): it keeps heartbeating without it. The
+// daemon would otherwise count its only slot busy for ever; it must notice from the heartbeats,
+// retry the job, and give the slot back.
+TEST_F(RecoveryTest, SlotLeakedByAWorkerThatForgetsAJobIsFoundAndFreed) {
+  auto d = StartDaemon();
+  ASSERT_NE(d, nullptr);
+  FakeWorker w(d->address(), FakeHello("forgetful"));
+  ASSERT_TRUE(
+      w.Next([](const v1::DaemonMessage& m) { return m.has_welcome(); }, absl::Seconds(10)));
+
+  absl::StatusOr<std::string> first = d->Submit(Spec("echo", "first"));
+  ASSERT_TRUE(first.ok()) << first.status();
+  std::optional<v1::Assignment> a1 = w.NextAssignment(absl::Seconds(10));
+  ASSERT_TRUE(a1.has_value());
+  ASSERT_EQ(a1->job_id(), *first);
+  w.SendAccept(a1->job_id(), a1->attempt());
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        absl::StatusOr<v1::Job> j = d->Status(*first);
+        return j.ok() && j->state() == v1::JOB_STATE_RUNNING;
+      },
+      absl::Seconds(10)));
+
+  absl::StatusOr<std::string> second = d->Submit(Spec("echo", "second"));
+  ASSERT_TRUE(second.ok()) << second.status();
+  // Heartbeats without the job: the leak. Without repair no further assignment ever comes.
+  std::optional<v1::Assignment> a2;
+  for (int i = 0; i < 40 && !a2.has_value(); ++i) {
+    w.SendHeartbeat({});
+    a2 = w.NextAssignment(absl::Milliseconds(250));
+  }
+  ASSERT_TRUE(a2.has_value()) << "the leaked slot was never freed";
+  // The forgotten job was retried (attempt 2) or the second job got the freed slot; either way
+  // the worker now runs it properly.
+  w.SendAccept(a2->job_id(), a2->attempt());
+  w.SendResult(a2->job_id(), a2->attempt(), "done");
+  std::optional<v1::Assignment> a3 = w.NextAssignment(absl::Seconds(10));
+  ASSERT_TRUE(a3.has_value());
+  w.SendAccept(a3->job_id(), a3->attempt());
+  w.SendResult(a3->job_id(), a3->attempt(), "done");
+
+  std::vector<v1::Job> done;
+  ASSERT_TRUE(d->WaitForTerminal({*first, *second}, &done, absl::Seconds(30)));
+  EXPECT_EQ(done[0].state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(done[0].attempt(), 2) << "the forgotten attempt counts as interrupted";
+  EXPECT_EQ(done[1].state(), v1::JOB_STATE_SUCCEEDED);
+  absl::StatusOr<v1::StatsResponse> stats = Stats(*d);
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_GE(stats->accounting_repairs(), 1);
+  EXPECT_THAT(d->process().Log(), HasSubstr("treating it as lost there"));
+}
+
+// A worker goes silent past the stale threshold while running attempt 1; the job is retried on
+// another worker and succeeds. When the first worker comes back with its result for attempt 1,
+// the result is acknowledged and discarded: the job keeps the second attempt's result.
+TEST_F(RecoveryTest, LateResultOfARequeuedAttemptIsIgnored) {
+  auto d = StartDaemon({.types = {{.name = "echo", .max_attempts = 3, .on_orphan = "requeue"}}});
+  ASSERT_NE(d, nullptr);
+  auto slow = std::make_unique<FakeWorker>(d->address(), FakeHello("slow"));
+  ASSERT_TRUE(
+      slow->Next([](const v1::DaemonMessage& m) { return m.has_welcome(); }, absl::Seconds(10)));
+  absl::StatusOr<std::string> id = d->Submit(Spec("echo", "payload"));
+  ASSERT_TRUE(id.ok()) << id.status();
+  std::optional<v1::Assignment> a1 = slow->NextAssignment(absl::Seconds(10));
+  ASSERT_TRUE(a1.has_value());
+  slow->SendAccept(a1->job_id(), 1);
+  // Silence: no heartbeat. The daemon declares the worker lost and ends its stream.
+  ASSERT_TRUE(slow->Ended(absl::Seconds(20)));
+
+  absl::StatusOr<std::unique_ptr<Worker>> good =
+      Worker::Start(d->address(), {.id = "good", .mode = {"--exec", "cat"}}, dir_);
+  ASSERT_TRUE(good.ok()) << good.status();
+  std::vector<v1::Job> done;
+  ASSERT_TRUE(d->WaitForTerminal({*id}, &done, absl::Seconds(30)));
+  ASSERT_EQ(done[0].state(), v1::JOB_STATE_SUCCEEDED);
+  ASSERT_EQ(done[0].attempt(), 2);
+  ASSERT_EQ(done[0].result(), "payload");
+
+  // The first worker comes back and reports attempt 1 finished.
+  v1::Hello hello = FakeHello("slow");
+  v1::HeldJob* held = hello.add_running_jobs();
+  held->set_job_id(*id);
+  held->set_attempt(1);
+  FakeWorker back(d->address(), hello);
+  std::optional<v1::DaemonMessage> welcome =
+      back.Next([](const v1::DaemonMessage& m) { return m.has_welcome(); }, absl::Seconds(10));
+  ASSERT_TRUE(welcome.has_value());
+  EXPECT_EQ(welcome->welcome().adopted_jobs_size(), 0) << "attempt 1 is not current any more";
+  back.SendResult(*id, 1, "late and stale");
+  std::optional<v1::DaemonMessage> ack =
+      back.Next([](const v1::DaemonMessage& m) { return m.has_result_ack(); }, absl::Seconds(10));
+  ASSERT_TRUE(ack.has_value()) << "a stale result is still acknowledged, so it is not resent";
+  EXPECT_EQ(ack->result_ack().attempt(), 1);
+
+  absl::StatusOr<v1::Job> after = d->Status(*id);
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(after->state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(after->attempt(), 2);
+  EXPECT_EQ(after->result(), "payload");
+  EXPECT_THAT(d->process().Log(),
+              HasSubstr(absl::StrCat("discarded stale result job=", *id, " attempt=1")));
+}
+
+// on_orphan: fail ends a running job FAILED ("interrupted") when its worker dies; nothing retries
+// it even though attempts remain.
+TEST_F(RecoveryTest, OrphanFailPolicyEndsTheJobWhenItsWorkerDies) {
+  auto d = StartDaemon({.types = {{.name = "gpu", .max_attempts = 5, .on_orphan = "fail"}}});
+  ASSERT_NE(d, nullptr);
+  absl::StatusOr<std::unique_ptr<Worker>> w = Worker::Start(
+      d->address(), {.id = "w1", .types = {"gpu"}, .mode = {"--simulate", "100%:60s"}}, dir_);
+  ASSERT_TRUE(w.ok()) << w.status();
+  absl::StatusOr<std::string> id = d->Submit(Spec("gpu", "x"));
+  ASSERT_TRUE(id.ok()) << id.status();
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        absl::StatusOr<v1::Job> j = d->Status(*id);
+        return j.ok() && j->state() == v1::JOB_STATE_RUNNING;
+      },
+      absl::Seconds(20)));
+  (*w)->process().Signal(SIGKILL);
+  std::vector<v1::Job> done;
+  ASSERT_TRUE(d->WaitForTerminal({*id}, &done, absl::Seconds(30)));
+  EXPECT_EQ(done[0].state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(done[0].attempt(), 1);
+  EXPECT_THAT(done[0].error(), HasSubstr("interrupted"));
+}
+
+}  // namespace
+}  // namespace dispatchd::e2e
