@@ -1,11 +1,18 @@
 #include "client/cpp/dispatch_client.h"
 
+#include <arpa/inet.h>
+
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/cord.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 
 namespace dispatchd::client {
 namespace {
@@ -46,16 +53,38 @@ absl::Status FromGrpcStatus(const grpc::Status& status, const grpc::ClientContex
   return out;
 }
 
+absl::StatusOr<std::string> ChannelTarget(absl::string_view address) {
+  if (address.empty()) return absl::InvalidArgumentError("address: empty");
+  if (!absl::StrContains(address, ',')) return std::string(address);
+  // Several daemons of one database: gRPC's pick_first over a static list tries them in order and
+  // moves on when one is unreachable. Such a list takes numeric addresses only.
+  std::vector<std::string> parts;
+  for (absl::string_view a : absl::StrSplit(address, ',')) {
+    a = absl::StripAsciiWhitespace(a);
+    const size_t colon = a.rfind(':');
+    std::string host(a.substr(0, colon == absl::string_view::npos ? 0 : colon));
+    in_addr v4;
+    if (colon == absl::string_view::npos || inet_pton(AF_INET, host.c_str(), &v4) != 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "address: in a list of daemons each must be a numeric IPv4 host:port, got \"", a,
+          "\""));
+    }
+    parts.emplace_back(a);
+  }
+  return absl::StrCat("ipv4:", absl::StrJoin(parts, ","));
+}
+
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(absl::string_view address,
                                                         ClientOptions options) {
-  if (address.empty()) return absl::InvalidArgumentError("address: empty");
+  absl::StatusOr<std::string> target = ChannelTarget(address);
+  if (!target.ok()) return target.status();
   if (options.default_deadline <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("default_deadline: must be positive");
   }
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);  // results are bounded by the daemon, not by gRPC's 4 MiB
   std::shared_ptr<grpc::Channel> channel =
-      grpc::CreateCustomChannel(std::string(address), grpc::InsecureChannelCredentials(), args);
+      grpc::CreateCustomChannel(*target, grpc::InsecureChannelCredentials(), args);
   return FromChannel(std::move(channel), options);
 }
 

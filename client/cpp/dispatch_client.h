@@ -45,11 +45,16 @@ std::optional<absl::Duration> RetryAfter(const absl::Status& status);
 // the `retry-after-ms` trailer (if `context` has one) to RESOURCE_EXHAUSTED refusals.
 absl::Status FromGrpcStatus(const grpc::Status& status, const grpc::ClientContext* context);
 
+// The gRPC target for `address`: itself, or "ipv4:a,b,..." for a list (see Client::Connect).
+absl::StatusOr<std::string> ChannelTarget(absl::string_view address);
+
 class Client {
  public:
-  // Opens an insecure channel to `address` (host:port). The connection is made lazily by the
-  // first call; a daemon that cannot be reached shows up as UNAVAILABLE or DEADLINE_EXCEEDED there.
-  // INVALID_ARGUMENT if `address` is empty or a deadline in `options` is not positive.
+  // Opens an insecure channel to `address` (host:port), or to a comma-separated list of numeric
+  // IPv4 host:port of daemons sharing one database (any of them serves clients: calls go to the
+  // first that answers). The connection is made lazily by the first call; a daemon that cannot
+  // be reached shows up as UNAVAILABLE or DEADLINE_EXCEEDED there. INVALID_ARGUMENT if `address`
+  // is empty or a malformed list, or a deadline in `options` is not positive.
   static absl::StatusOr<std::unique_ptr<Client>> Connect(absl::string_view address,
                                                          ClientOptions options = {});
   // As Connect, on an existing channel (tests, custom credentials).

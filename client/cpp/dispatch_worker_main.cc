@@ -324,7 +324,7 @@ int Main(int argc, char** argv) {
   uint64_t seed = 0;
   bool seed_set = false;
 
-  app.add_option("--server", server, "Daemon address host:port (env DISPATCHD_SERVER)")
+  app.add_option("--server", server, "Daemon address host:port, or several comma-separated (a standby sends the worker to the leader) (env DISPATCHD_SERVER)")
       ->capture_default_str();
   app.add_option("--id", id, "Worker id, unique in the fleet (default hostname:pid)");
   app.add_option("--types", types_flag, "Job types served, comma-separated")->required();

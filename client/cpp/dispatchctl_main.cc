@@ -558,7 +558,7 @@ int Main(int argc, char** argv) {
   std::string server = env_server != nullptr && *env_server != '\0' ? env_server : "127.0.0.1:7411";
   bool json = false;
   std::string timeout_flag;
-  app.add_option("--server", server, "Daemon address host:port (env DISPATCHD_SERVER)")
+  app.add_option("--server", server, "Daemon address host:port, or several numeric ones comma-separated (daemons sharing a database) (env DISPATCHD_SERVER)")
       ->capture_default_str();
   app.add_flag("--json", json, "Print JSON (one object per line for watch)");
   app.add_option("--timeout", timeout_flag,

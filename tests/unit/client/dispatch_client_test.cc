@@ -165,6 +165,26 @@ TEST_F(ClientTest, AdminCallsWork) {
   EXPECT_THAT(client_->ListWorkers(), StatusIs(absl::StatusCode::kUnimplemented));
 }
 
+TEST_F(ClientTest, ListOfDaemonsFallsThroughToOneThatAnswers) {
+  // Port 1 on loopback has nothing listening: calls go to the next daemon in the list.
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(
+      "127.0.0.1:1," + address_, {.default_deadline = absl::Seconds(10)});
+  ASSERT_THAT(client, IsOk());
+  absl::StatusOr<v1::StatsResponse> stats = (*client)->Stats();
+  ASSERT_THAT(stats, IsOk());
+  EXPECT_EQ(stats->slots_total(), 5);
+}
+
+TEST(ClientConnectTest, ListsOfDaemonsTakeNumericAddresses) {
+  absl::StatusOr<std::string> target = ChannelTarget("127.0.0.1:7411, 10.0.0.2:7411");
+  ASSERT_THAT(target, IsOk());
+  EXPECT_EQ(*target, "ipv4:127.0.0.1:7411,10.0.0.2:7411");
+  EXPECT_EQ(*ChannelTarget("daemon.example:7411"), "daemon.example:7411");
+  EXPECT_THAT(ChannelTarget("a.example:1,b.example:1"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "numeric IPv4"));
+  EXPECT_THAT(ChannelTarget("127.0.0.1:1,"), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
 TEST(ClientConnectTest, RejectsAnEmptyAddress) {
   EXPECT_THAT(Client::Connect(""), StatusIs(absl::StatusCode::kInvalidArgument, "address"));
 }
