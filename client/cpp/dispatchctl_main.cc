@@ -505,9 +505,20 @@ int CmdStats(Client& client, bool json) {
     }
     std::cout << "\n";
   }
-  PrintKeyValues({{"workers", absl::StrCat(r->workers())},
+  const v1::LeaderInfo& leader = r->leader();
+  std::string leader_line =
+      leader.address().empty() ? std::string("none known yet")
+                               : absl::StrCat(leader.address(), " (epoch ", leader.epoch(), ")");
+  if (!leader.is_leader()) {
+    // A standby has no workers or scheduler: only the leader does.
+    PrintKeyValues({{"leader", leader_line}, {"this daemon", "standby (ask the leader for more)"}});
+    return kOk;
+  }
+  PrintKeyValues({{"leader", absl::StrCat(leader_line, ", this daemon")},
+                  {"workers", absl::StrCat(r->workers())},
                   {"slots busy/total", absl::StrCat(r->slots_busy(), "/", r->slots_total())},
-                  {"fairness keys", absl::StrCat(r->keys_total())}});
+                  {"fairness keys", absl::StrCat(r->keys_total())},
+                  {"accounting repairs", absl::StrCat(r->accounting_repairs())}});
   return kOk;
 }
 

@@ -109,6 +109,10 @@ TEST_F(HaTest, OneLeadsTheStandbyServesClientsAndSendsWorkersToTheLeader) {
   CommandResult watch = b->Ctl({"watch", *watched});
   EXPECT_EQ(watch.exit_code, 0) << watch.err;
   EXPECT_THAT(watch.out, HasSubstr("SUCCEEDED"));
+  CommandResult stats = b->Ctl({"stats"});
+  EXPECT_EQ(stats.exit_code, 0) << stats.err;
+  EXPECT_THAT(stats.out, HasSubstr(absl::StrCat(a->address(), " (epoch ", la->epoch(), ")")));
+  EXPECT_THAT(stats.out, HasSubstr("standby"));
   // What only the leader knows, the standby refuses, naming the leader.
   CommandResult workers = b->Ctl({"workers"});
   EXPECT_NE(workers.exit_code, 0);
