@@ -5,6 +5,8 @@
 #
 #   pg_fixture.sh start STATE_DIR   writes STATE_DIR/url, datadir, user, tmpdir, port
 #   pg_fixture.sh stop STATE_DIR    stops that server and removes its temporary directory
+#   pg_fixture.sh restart STATE_DIR restarts that server (fast shutdown: sessions are cut) on the
+#                                   same port and data, and returns once it accepts connections
 #
 # The data lives in a fresh `mktemp -d /tmp/dispatchd-test-pg.XXXXXX` directory rather than under
 # the build tree, which may sit where the server's user cannot enter (e.g. /root). A server that a
@@ -19,7 +21,7 @@ die() {
   exit 1
 }
 
-usage() { die "usage: $0 start|stop STATE_DIR"; }
+usage() { die "usage: $0 start|stop|restart STATE_DIR"; }
 
 [[ $# -eq 2 ]] || usage
 cmd=$1
@@ -138,8 +140,35 @@ start() {
   die "PostgreSQL failed to start"
 }
 
+# Restarts the server recorded in $state in place: `pg_ctl restart` reuses the options it was
+# started with (port included), so clients reconnect to the same URL.
+restart() {
+  local datadir="" tmpdir="" user="" port="" tries
+  [[ -f $state/datadir ]] && datadir=$(<"$state/datadir")
+  [[ -f $state/tmpdir ]] && tmpdir=$(<"$state/tmpdir")
+  [[ -f $state/user ]] && user=$(<"$state/user")
+  [[ -f $state/port ]] && port=$(<"$state/port")
+  [[ -n $datadir && -n $tmpdir && -n $port ]] || die "no server recorded in $state"
+  run_user=${user:-$(pick_user)}
+  if ! run_as "$tmpdir" "$PG_BIN/pg_ctl" -D "$datadir" -l "$tmpdir/postgres.log" -m fast -w \
+    -t 60 restart >/dev/null; then
+    tail -n 30 "$tmpdir/postgres.log" >&2 || true
+    die "PostgreSQL failed to restart (data $datadir)"
+  fi
+  # `pg_ctl -w` returns once the server is up; also make sure TCP connections are accepted.
+  for ((tries = 0; tries < 100; tries++)); do
+    if run_as "$tmpdir" "$PG_BIN/pg_isready" -q -h 127.0.0.1 -p "$port" -U dispatchd -d postgres; then
+      echo "pg_fixture: PostgreSQL restarted on 127.0.0.1:$port"
+      return 0
+    fi
+    sleep 0.1
+  done
+  die "PostgreSQL on 127.0.0.1:$port does not accept connections after its restart"
+}
+
 case $cmd in
   start) start ;;
+  restart) restart ;;
   stop)
     stop_recorded
     echo "pg_fixture: stopped"
