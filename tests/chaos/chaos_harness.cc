@@ -344,6 +344,48 @@ FloodResult Flood(const std::string& address, int threads, int total, absl::Dura
   return result;
 }
 
+ActiveCountSampler::ActiveCountSampler(std::string url, absl::Duration period)
+    : url_(std::move(url)) {
+  thread_ = std::thread(&ActiveCountSampler::Run, this, period);
+}
+
+ActiveCountSampler::~ActiveCountSampler() { Stop(); }
+
+void ActiveCountSampler::Stop() {
+  {
+    absl::MutexLock l(&mu_);
+    stop_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+int64_t ActiveCountSampler::most() const {
+  absl::MutexLock l(&mu_);
+  return most_;
+}
+
+int64_t ActiveCountSampler::samples() const {
+  absl::MutexLock l(&mu_);
+  return samples_;
+}
+
+void ActiveCountSampler::Run(absl::Duration period) {
+  const std::string sql = absl::StrCat("SELECT count(*) FROM jobs WHERE state IN ", kActiveStates);
+  absl::MutexLock l(&mu_);
+  while (!stop_) {
+    mu_.Unlock();
+    absl::StatusOr<std::vector<std::vector<std::string>>> rows = Query(url_, sql);
+    int64_t n = 0;
+    const bool ok = rows.ok() && !rows->empty() && absl::SimpleAtoi((*rows)[0][0], &n);
+    mu_.Lock();
+    if (ok) {
+      ++samples_;
+      most_ = std::max(most_, n);
+    }
+    mu_.AwaitWithTimeout(absl::Condition(&stop_), period);
+  }
+}
+
 RecoveryClock::RecoveryClock(std::string url, std::set<std::string> active, absl::Time fault_at)
     : url_(std::move(url)), fault_at_(fault_at), pending_(std::move(active)) {
   thread_ = std::thread(&RecoveryClock::Poll, this);
@@ -357,25 +399,38 @@ RecoveryClock::~RecoveryClock() {
   thread_.join();
 }
 
+void RecoveryClock::AddActive(const std::set<std::string>& active) {
+  absl::MutexLock l(&mu_);
+  pending_.insert(active.begin(), active.end());
+  if (!pending_.empty()) seconds_.reset();
+}
+
 std::optional<double> RecoveryClock::seconds() const {
   absl::MutexLock l(&mu_);
   return seconds_;
 }
 
 void RecoveryClock::Poll() {
-  while (true) {
+  absl::MutexLock l(&mu_);
+  while (!stop_) {
     if (!pending_.empty()) {
-      // Errors (the database or the network down) just mean "not yet".
-      if (absl::StatusOr<std::set<std::string>> active = ActiveJobs(url_); active.ok()) {
-        std::erase_if(pending_, [&](const std::string& id) { return !active->contains(id); });
+      // Only the jobs pending before the query may be found ended by it.
+      const std::set<std::string> asked = pending_;
+      mu_.Unlock();
+      // An error (the database or the network down) just means "not yet".
+      absl::StatusOr<std::set<std::string>> active = ActiveJobs(url_);
+      const absl::Time now = absl::Now();
+      mu_.Lock();
+      if (active.ok()) {
+        for (const std::string& id : asked) {
+          if (!active->contains(id)) pending_.erase(id);
+        }
+        if (pending_.empty()) seconds_ = absl::ToDoubleSeconds(now - fault_at_);
       }
-    }
-    absl::MutexLock l(&mu_);
-    if (pending_.empty()) {
+    } else if (!seconds_.has_value()) {
       seconds_ = absl::ToDoubleSeconds(absl::Now() - fault_at_);
-      return;
     }
-    if (mu_.AwaitWithTimeout(absl::Condition(&stop_), absl::Milliseconds(100))) return;
+    mu_.AwaitWithTimeout(absl::Condition(&stop_), absl::Milliseconds(100));
   }
 }
 

@@ -148,29 +148,63 @@ struct FloodResult {
 // its share all at once (asynchronously) and waits for every answer (each call has `deadline`).
 FloodResult Flood(const std::string& address, int threads, int total, absl::Duration deadline);
 
+// Counts the active jobs (QUEUED, DISPATCHED or RUNNING) in the database every `period` on a
+// thread of its own, from construction until Stop() or destruction; samples that fail (database
+// down) are skipped. Thread-safe.
+class ActiveCountSampler {
+ public:
+  ActiveCountSampler(std::string url, absl::Duration period);
+  ~ActiveCountSampler();
+  ActiveCountSampler(const ActiveCountSampler&) = delete;
+  ActiveCountSampler& operator=(const ActiveCountSampler&) = delete;
+
+  void Stop() ABSL_LOCKS_EXCLUDED(mu_);
+  // The largest count seen, and how many samples were taken.
+  int64_t most() const ABSL_LOCKS_EXCLUDED(mu_);
+  int64_t samples() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  void Run(absl::Duration period) ABSL_LOCKS_EXCLUDED(mu_);
+
+  const std::string url_;
+  mutable absl::Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t most_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t samples_ ABSL_GUARDED_BY(mu_) = 0;
+  std::thread thread_;
+};
+
 // Measures the recovery after a fault: from the fault until every job that was active just before
-// it has ended. A thread polls the database every 100 ms, riding out any outage, until then.
+// it, or when it was over, has ended. A thread polls the database every 100 ms, riding out any
+// outage, until then.
+//
+//   RecoveryClock clock(url, *ActiveJobs(url), absl::Now());  Inject();
+//   clock.AddActive(*ActiveJobs(url));  // once the fault is over (a restart returned)
+//
 // Thread-safe.
 class RecoveryClock {
  public:
-  // `active`: the jobs active just before the fault (ActiveJobs), which happened at `fault_at`.
+  // `active`: the jobs active just before the fault (ActiveJobs), which began at `fault_at`.
   RecoveryClock(std::string url, std::set<std::string> active, absl::Time fault_at);
   ~RecoveryClock();
   RecoveryClock(const RecoveryClock&) = delete;
   RecoveryClock& operator=(const RecoveryClock&) = delete;
 
+  // Also waits for `active`, the jobs active when a lasting fault (an outage, a frozen process)
+  // was over: those it held up recover only then.
+  void AddActive(const std::set<std::string>& active) ABSL_LOCKS_EXCLUDED(mu_);
   // Seconds from the fault until all those jobs had ended; nullopt while some have not.
   std::optional<double> seconds() const ABSL_LOCKS_EXCLUDED(mu_);
   absl::Time fault_at() const { return fault_at_; }
 
  private:
-  void Poll();
+  void Poll() ABSL_LOCKS_EXCLUDED(mu_);
 
   const std::string url_;
   const absl::Time fault_at_;
-  std::set<std::string> pending_;  // owned by the polling thread
   mutable absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::set<std::string> pending_ ABSL_GUARDED_BY(mu_);
   std::optional<double> seconds_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };

@@ -8,23 +8,22 @@
 // dispatch-worker processes on 127.0.0.1, and bounded waits. No timing is asserted except the
 // takeover bound of the HA test, which is part of what HA promises.
 
-#include <atomic>
+#include <csignal>
 #include <iostream>
 #include <map>
 #include <memory>
+#include <optional>
+#include <set>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
-#include <signal.h>
 
 #include "tests/chaos/chaos_harness.h"
 #include "tests/e2e/harness.h"
@@ -138,6 +137,22 @@ class ChaosTest : public ::testing::Test {
     recovery_ = std::make_unique<RecoveryClock>(pg_->url(), *std::move(active), absl::Now());
   }
 
+  // Call once a lasting fault is over (an outage ended, a frozen process resumed): the jobs active
+  // now were held up by it, so the recovery also waits for them.
+  void MarkFaultOver() {
+    ASSERT_NE(recovery_, nullptr);
+    std::set<std::string> active;
+    ASSERT_TRUE(WaitFor(
+        [&] {
+          absl::StatusOr<std::set<std::string>> now = ActiveJobs(pg_->url());
+          if (now.ok()) active = *std::move(now);
+          return now.ok();
+        },
+        absl::Seconds(30)))
+        << "the database is still unreachable";
+    recovery_->AddActive(active);
+  }
+
   // Keeps the load on for kLoadAfterFault and until the jobs active at the fault have ended
   // (bounded), stops it, waits for every job to end, checks the database, the daemons' logs and
   // the workers' journals, and prints the report row with `extra` fields.
@@ -241,6 +256,7 @@ TEST_F(ChaosTest, WorkerSigstopPastStaleThreshold) {
   frozen.Signal(SIGSTOP);
   absl::SleepFor(absl::Seconds(2) + absl::Seconds(2));  // worker_stale_after + 2 s
   frozen.Signal(SIGCONT);
+  ASSERT_NO_FATAL_FAILURE(MarkFaultOver());
 
   // The daemon gave it up, and it came back by itself: a second `connected` line in its log.
   EXPECT_TRUE(WaitFor(
@@ -277,6 +293,7 @@ TEST_F(ChaosTest, DaemonKill9AndRestart) {
   ASSERT_TRUE(restarted.ok()) << restarted;
   EXPECT_TRUE(daemon->WaitForWorkers(kWorkers, absl::Seconds(30)))
       << "the workers did not reconnect";
+  ASSERT_NO_FATAL_FAILURE(MarkFaultOver());
 
   FinishAndCheck("daemon_kill9", WorkerLoss::kNone);
 }
@@ -291,6 +308,7 @@ TEST_F(ChaosTest, PostgresRestart) {
   ASSERT_NO_FATAL_FAILURE(MarkFault());
   absl::Status restarted = pg_->Restart();
   ASSERT_TRUE(restarted.ok()) << restarted;
+  ASSERT_NO_FATAL_FAILURE(MarkFaultOver());
 
   FinishAndCheck("postgres_restart", WorkerLoss::kNone);
   // The daemon carried on by itself: the first process, never restarted.
@@ -350,6 +368,7 @@ TEST_F(ChaosTest, LeaderKill9WithStandby) {
   const absl::Duration takeover = absl::Now() - killed;
   EXPECT_TRUE(took_over) << "the standby never became leader";
   EXPECT_LE(takeover, absl::Seconds(4)) << "takeover took longer than 2 x lease";
+  ASSERT_NO_FATAL_FAILURE(MarkFaultOver());
   // The old leader comes back, as a supervisor would restart it, and serves clients again.
   absl::Status restarted = leader->Restart();
   EXPECT_TRUE(restarted.ok()) << restarted;
@@ -366,37 +385,26 @@ TEST_F(ChaosTest, SubmitFloodPastMaxActive) {
   StartLoad({daemon->address()});
   ASSERT_FALSE(WarmUp().first.empty()) << "no worker ran a job";
 
+  ASSERT_NO_FATAL_FAILURE(MarkFault());
   // The active count, sampled from the database every ~50 ms from the flood's start until a few
   // seconds after its end.
-  std::atomic<bool> sampling = true;
-  std::atomic<int64_t> most_active = 0, samples = 0;
-  std::thread sampler([&] {
-    while (sampling) {
-      absl::StatusOr<std::set<std::string>> active = ActiveJobs(pg_->url());
-      if (active.ok()) {
-        ++samples;
-        most_active = std::max<int64_t>(most_active, static_cast<int64_t>(active->size()));
-      }
-      absl::SleepFor(absl::Milliseconds(50));
-    }
-  });
-  ASSERT_NO_FATAL_FAILURE(MarkFault());
+  ActiveCountSampler active(pg_->url(), absl::Milliseconds(50));
   FloodResult flood = Flood(daemon->address(), /*threads=*/8, /*total=*/2000, absl::Seconds(30));
-  absl::SleepFor(absl::Seconds(3));
-  sampling = false;
-  sampler.join();
   more_accepted_ = flood.accepted;
+  ASSERT_NO_FATAL_FAILURE(MarkFaultOver());
+  absl::SleepFor(absl::Seconds(3));
+  active.Stop();
 
   EXPECT_GT(flood.refused, 0) << "the flood never reached max_active";
   EXPECT_EQ(flood.refused_without_retry_after, 0);
   EXPECT_EQ(flood.other_errors, 0) << "first: " << flood.first_other_error;
-  EXPECT_GT(samples, 0);
-  EXPECT_LE(most_active, kMaxActive);
+  EXPECT_GT(active.samples(), 0);
+  EXPECT_LE(active.most(), kMaxActive);
 
   FinishAndCheck("submit_flood", WorkerLoss::kNone,
                  {{"refused", absl::StrCat(flood.refused)},
                   {"flood_accepted", absl::StrCat(flood.accepted.size())},
-                  {"max_active_seen", absl::StrCat(most_active.load())}});
+                  {"max_active_seen", absl::StrCat(active.most())}});
   // The steady clients were refused the same way during the flood, never otherwise.
   EXPECT_EQ(load_->refused_without_retry_after(), 0);
   EXPECT_EQ(load_->errors(), load_->refused()) << load_->ErrorSummary();
