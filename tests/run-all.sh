@@ -3,7 +3,8 @@
 #   1. install the build and test dependencies (deploy/install-deps.sh; skipped with --no-install),
 #   2. build everything with warnings as errors (deploy/build.sh -DDISPATCHD_WERROR=ON),
 #   3. run ctest: unit tests, then the store and e2e tests against a private PostgreSQL server that
-#      ctest's `pg` fixture starts and stops by itself.
+#      ctest's `pg` fixture starts and stops by itself, and the chaos tests (`-L chaos`), each of
+#      which starts and stops a PostgreSQL server of its own.
 #
 #   tests/run-all.sh [--no-install] [CTEST_ARGS...]
 #   tests/run-all.sh -L unit                     # only the unit tests
@@ -23,7 +24,7 @@ for arg in "$@"; do
   case $arg in
     --no-install) install=0 ;;
     --help)
-      sed -n '2,13p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+      sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
       exit 0
       ;;
     *) ctest_args+=("$arg") ;;
