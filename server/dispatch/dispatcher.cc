@@ -27,6 +27,10 @@ constexpr absl::Duration kReconcileInterval = absl::Seconds(10);
 // job counts as lost there. Stream order already makes one miss conclusive for the SDK; two
 // tolerate a worker that builds its heartbeat before it writes a result.
 constexpr int kHeartbeatMissesToLose = 2;
+// A row that changed this recently may simply not have reached the loop yet (a Submit or Cancel
+// in flight, a standby's NOTIFY): Reconcile still settles it, but counts and logs it as drift
+// only when the change is older.
+constexpr absl::Duration kReconcileSettle = absl::Seconds(5);
 
 const char kExpiredError[] = "capacity: no worker took the job before its dispatch deadline";
 
@@ -456,6 +460,9 @@ void Dispatcher::Sweep(absl::Time now) {
     Reconcile(now);
   }
 
+  // Transitions the database refused (it was away) are written once it answers again.
+  if (!parked_.empty()) RetryParked(now);
+
   // Rows a failed write left DISPATCHED go back to the queue once the store answers again.
   std::vector<std::string> retry;
   retry.swap(unreturned_);
@@ -532,25 +539,32 @@ void Dispatcher::OnHello(const std::shared_ptr<WorkerLink>& link, const v1::Hell
     job::Job& j = e.job;
     bool running_here = j.state == JobState::kRunning && j.attempt == held.attempt();
     bool accepted_unrecorded = j.state == JobState::kDispatched && j.attempt + 1 == held.attempt();
-    if (j.worker_id != worker_id || !(running_here || accepted_unrecorded)) continue;
-    if (accepted_unrecorded || j.state == JobState::kRunning) {
-      absl::StatusOr<bool> marked = store_.MarkRunning(j.id, held.attempt(), worker_id);
-      if (!marked.ok() || !*marked) continue;
+    if (j.worker_id != worker_id || !(running_here || accepted_unrecorded) ||
+        e.parked != Parked::kNo) {
+      continue;
     }
-    j.state = JobState::kRunning;
-    j.attempt = held.attempt();
+    if (accepted_unrecorded) {
+      // Record the accept that never was. If the database is away, adopt it all the same: the
+      // row stays DISPATCHED at the previous attempt, which its result still settles.
+      absl::StatusOr<bool> marked = store_.MarkRunning(j.id, held.attempt(), worker_id);
+      if (marked.ok() && !*marked) continue;  // the row moved on
+      if (marked.ok()) {
+        j.state = JobState::kRunning;
+        j.attempt = held.attempt();
+      }
+    }
     e.orphan_deadline = absl::InfiniteFuture();
     if (e.run_deadline == absl::InfiniteFuture()) e.run_deadline = now + j.spec.timeout;
     scheduler_.Adopt(ToPlaced(j, worker_id));
     adopted.insert(j.id);
     v1::HeldJob* a = w->add_adopted_jobs();
     a->set_job_id(j.id);
-    a->set_attempt(j.attempt);
+    a->set_attempt(held.attempt());
   }
   // Jobs this worker held that it no longer reports were lost with its previous process.
   std::vector<std::string> lost;
   for (const auto& [id, e] : jobs_) {
-    if (e.job.worker_id == worker_id && !adopted.contains(id) &&
+    if (e.job.worker_id == worker_id && !adopted.contains(id) && e.parked == Parked::kNo &&
         (e.job.state == JobState::kDispatched || e.job.state == JobState::kRunning)) {
       lost.push_back(id);
     }
@@ -625,7 +639,10 @@ void Dispatcher::OnResult(const std::string& worker_id, const v1::Result& result
               ((j.state == JobState::kRunning && j.attempt == result.attempt()) ||
                (j.state == JobState::kDispatched && j.attempt + 1 == result.attempt()));
   }
-  if (!current) {
+  if (current && it->second.parked == Parked::kSuccess) {
+    return;  // the same result, sent again while its write waits: acknowledged once it lands
+  }
+  if (!current || it->second.parked == Parked::kFailure) {
     server::Log("dispatch")->info("discarded stale result job={} attempt={} worker={}",
                                   result.job_id(), result.attempt(), worker_id);
     SendTo(worker_id, std::move(ack));
@@ -645,12 +662,17 @@ void Dispatcher::OnResult(const std::string& worker_id, const v1::Result& result
         .job_id = job_id, .attempt = result.attempt(), .state = JobState::kSucceeded,
         .result = result.output()});
     if (!done.ok()) {
-      // Not durable: no ack, and a new stream makes the worker send the result again.
-      server::Log("dispatch")->warn("finish failed job={} status={}", job_id,
+      // Not durable yet: no ack (the worker keeps the result), and the write is tried again on
+      // each sweep. The attempt has ended on the worker, so its slot is free.
+      server::Log("dispatch")->warn("finish failed job={} status={}; retrying", job_id,
                                     done.status().ToString());
-      if (auto s = sessions_.find(worker_id); s != sessions_.end() && s->second.link) {
-        s->second.link->Close(absl::UnavailableError("database unavailable; reconnect"));
-      }
+      scheduler_.Finished(job_id, now, ran);
+      e.parked = Parked::kSuccess;
+      e.run_deadline = absl::InfiniteFuture();
+      parked_.push_back(ParkedWrite{.job_id = job_id,
+                                    .attempt = result.attempt(),
+                                    .worker_id = worker_id,
+                                    .output = result.output()});
       return;
     }
     scheduler_.Finished(job_id, now, ran);
@@ -735,8 +757,10 @@ void Dispatcher::FailAttempt(Entry& entry, int32_t attempt, const std::string& e
       return;
     }
     if (!ok.ok()) {
-      server::Log("dispatch")->warn("retry failed job={} status={}", job_id, ok.status().ToString());
-      return;  // stays RUNNING in the store; its deadline sweep or a restart settles it
+      server::Log("dispatch")->warn("retry failed job={} status={}; retrying", job_id,
+                                    ok.status().ToString());
+      Park(entry, attempt, error, retryable);
+      return;
     }
     if (jobs_.erase(job_id) > 0) ++ended_since_publish_;  // the row moved on (cancelled)
     return;
@@ -744,8 +768,9 @@ void Dispatcher::FailAttempt(Entry& entry, int32_t attempt, const std::string& e
   absl::StatusOr<bool> done = store_.Finish(store::FinishRequest{
       .job_id = job_id, .attempt = attempt, .state = JobState::kFailed, .error = error});
   if (!done.ok()) {
-    server::Log("dispatch")->warn("finish failed job={} status={}", job_id,
+    server::Log("dispatch")->warn("finish failed job={} status={}; retrying", job_id,
                                   done.status().ToString());
+    Park(entry, attempt, error, retryable);
     return;
   }
   if (jobs_.erase(job_id) > 0) ++ended_since_publish_;
@@ -753,6 +778,52 @@ void Dispatcher::FailAttempt(Entry& entry, int32_t attempt, const std::string& e
     server::Log("dispatch")->info("failed job={} attempt={} error=\"{}\"", job_id, attempt, error);
     LogFinished(job_id, JobState::kFailed, attempt);
     events_.Publish(job_id, JobState::kFailed);
+  }
+}
+
+void Dispatcher::Park(Entry& entry, int32_t attempt, const std::string& error, bool retryable) {
+  if (entry.parked != Parked::kNo) return;  // already waiting to be written
+  entry.parked = Parked::kFailure;
+  entry.run_deadline = absl::InfiniteFuture();
+  parked_.push_back(ParkedWrite{.job_id = entry.job.id,
+                                .attempt = attempt,
+                                .worker_id = entry.job.worker_id,
+                                .failed = true,
+                                .error = error,
+                                .retryable = retryable});
+}
+
+void Dispatcher::RetryParked(absl::Time now) {
+  std::vector<ParkedWrite> parked;
+  parked.swap(parked_);
+  for (ParkedWrite& p : parked) {
+    auto it = jobs_.find(p.job_id);
+    if (it == jobs_.end() || it->second.parked == Parked::kNo) continue;  // settled otherwise
+    Entry& e = it->second;
+    if (p.failed) {
+      e.parked = Parked::kNo;
+      FailAttempt(e, p.attempt, p.error, p.retryable, now);  // parks it again if still failing
+      continue;
+    }
+    absl::StatusOr<bool> done = store_.Finish(store::FinishRequest{.job_id = p.job_id,
+                                                                   .attempt = p.attempt,
+                                                                   .state = JobState::kSucceeded,
+                                                                   .result = p.output});
+    if (!done.ok()) {
+      parked_.push_back(std::move(p));
+      continue;
+    }
+    jobs_.erase(it);
+    ++ended_since_publish_;
+    if (*done) {
+      server::Log("dispatch")->info("result recorded after a retry job={}", p.job_id);
+      LogFinished(p.job_id, JobState::kSucceeded, p.attempt);
+      events_.Publish(p.job_id, JobState::kSucceeded);
+    }
+    v1::DaemonMessage ack;
+    ack.mutable_result_ack()->set_job_id(p.job_id);
+    ack.mutable_result_ack()->set_attempt(p.attempt);
+    SendTo(p.worker_id, std::move(ack));
   }
 }
 
@@ -881,10 +952,12 @@ void Dispatcher::Reconcile(absl::Time now) {
         const job::Job& j = it->second.job;
         if (r.state == j.state && r.attempt == j.attempt) continue;  // moved on while we read
         if (job::IsTerminal(r.state)) {
-          server::Log("dispatch")
-              ->error("reconcile: job={} is {} in the database but {} here: dropping it", r.job_id,
-                      job::ToString(r.state), job::ToString(j.state));
-          ++repairs_;
+          if (r.updated_at < now - kReconcileSettle) {
+            server::Log("dispatch")->error(
+                "reconcile: job={} is {} in the database but {} here: dropping it", r.job_id,
+                job::ToString(r.state), job::ToString(j.state));
+            ++repairs_;
+          }
           Drop(r.job_id, "ended elsewhere", now);
           events_.Publish(r.job_id, r.state);
         }
@@ -899,9 +972,11 @@ void Dispatcher::Reconcile(absl::Time now) {
         if (row.state != JobState::kQueued) continue;
         queued_in_db.insert(row.id);
         if (!jobs_.contains(row.id)) {
-          server::Log("dispatch")
-              ->warn("reconcile: queued job={} was not known here: queuing it", row.id);
-          ++repairs_;
+          if (row.updated_at < now - kReconcileSettle) {
+            server::Log("dispatch")->warn(
+                "reconcile: queued job={} was not known here: queuing it", row.id);
+            ++repairs_;
+          }
           OnRowChanged(row, now);
         }
       }
@@ -914,10 +989,12 @@ void Dispatcher::Reconcile(absl::Time now) {
         if (refs.ok()) {
           for (const store::JobRef& r : *refs) {
             if (!job::IsTerminal(r.state)) continue;
-            server::Log("dispatch")
-                ->error("reconcile: queued job={} is {} in the database: dropping it", r.job_id,
-                        job::ToString(r.state));
-            ++repairs_;
+            if (r.updated_at < now - kReconcileSettle) {
+              server::Log("dispatch")->error(
+                  "reconcile: queued job={} is {} in the database: dropping it", r.job_id,
+                  job::ToString(r.state));
+              ++repairs_;
+            }
             Drop(r.job_id, "ended elsewhere", now);
             events_.Publish(r.job_id, r.state);
           }

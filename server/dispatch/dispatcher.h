@@ -101,12 +101,26 @@ class Dispatcher {
   int64_t repairs() const { return repairs_.load(); }
 
  private:
+  // A transition decided here but not yet written, because the database refused the write.
+  enum class Parked { kNo, kSuccess, kFailure };
+  struct ParkedWrite {
+    std::string job_id;
+    int32_t attempt = 0;
+    std::string worker_id;
+    bool failed = false;
+    std::string output;  // success
+    std::string error;   // failure
+    bool retryable = false;
+  };
   // A job the daemon has not seen end.
   struct Entry {
     job::Job job;  // state and attempt as last committed
     absl::Time run_deadline = absl::InfiniteFuture();     // RUNNING: execution timeout
     absl::Time orphan_deadline = absl::InfiniteFuture();  // after a restart: re-attach grace
     int heartbeat_misses = 0;  // RUNNING: heartbeats in a row from its worker without it
+    // Its attempt ended but the outcome waits in parked_ for the database: it holds no slot,
+    // no timeout runs, and its worker's repeats of the result are not acted on again.
+    Parked parked = Parked::kNo;
   };
   struct Session {
     std::shared_ptr<WorkerLink> link;  // null while disconnected
@@ -149,6 +163,9 @@ class Dispatcher {
   void FailAttempt(Entry& entry, int32_t attempt, const std::string& error, bool retryable,
                    absl::Time now);
   void Requeue(Entry& entry, absl::Time not_before);
+  // Keeps a failed attempt whose write the database refused, to be written by RetryParked.
+  void Park(Entry& entry, int32_t attempt, const std::string& error, bool retryable);
+  void RetryParked(absl::Time now);
   void Finish(const std::string& job_id, job::JobState state, const std::string& result,
               const std::string& error);
   void SendTo(const std::string& worker_id, v1::DaemonMessage msg);
@@ -185,6 +202,7 @@ class Dispatcher {
   absl::flat_hash_map<std::string, Entry> jobs_;
   absl::flat_hash_map<std::string, Session> sessions_;
   std::vector<std::string> unreturned_;  // DISPATCHED rows a failed write left to return
+  std::vector<ParkedWrite> parked_;       // outcomes to write once the database answers
   absl::Time next_sweep_ = absl::InfinitePast();
   absl::Time next_expiry_ = absl::InfinitePast();
   absl::Time next_audit_ = absl::InfinitePast();

@@ -47,6 +47,7 @@ struct JobRef {
   job::JobState state = job::JobState::kQueued;
   int32_t attempt = 0;
   std::string worker_id;
+  absl::Time updated_at = absl::InfinitePast();  // last transition, by the database's clock
 };
 
 // Outcome of Cancel.

@@ -217,11 +217,14 @@ constexpr Statement kCountActiveByTypeAndState{
 
 // $1 ids.
 constexpr Statement kGetRefs{
-    "get_refs", "SELECT id, state, attempt, worker_id FROM jobs WHERE id = ANY($1::text[])"};
+    "get_refs",
+    "SELECT id, state, attempt, worker_id, (extract(epoch FROM updated_at) * 1000000)::int8 "
+    "FROM jobs WHERE id = ANY($1::text[])"};
 
 constexpr Statement kLoadPlacedRefs{
     "load_placed_refs",
-    "SELECT id, state, attempt, worker_id FROM jobs WHERE state IN ('DISPATCHED', 'RUNNING')"};
+    "SELECT id, state, attempt, worker_id, (extract(epoch FROM updated_at) * 1000000)::int8 "
+    "FROM jobs WHERE state IN ('DISPATCHED', 'RUNNING')"};
 
 // $1 job id: tells the leader (LISTEN dispatchd_jobs, pg_leader_lease.h) to look at the row.
 constexpr Statement kNotifyChanged{"notify_changed", "SELECT pg_notify('dispatchd_jobs', $1)"};
@@ -386,7 +389,8 @@ std::vector<JobRef> RowsToRefs(const pqxx::result& rows) {
     refs.push_back(JobRef{.job_id = TextFromField(r[0]),
                           .state = state.value_or(job::JobState::kQueued),
                           .attempt = r[2].as<int32_t>(),
-                          .worker_id = TextFromField(r[3])});
+                          .worker_id = TextFromField(r[3]),
+                          .updated_at = TimeFromField(r[4])});
   }
   return refs;
 }
