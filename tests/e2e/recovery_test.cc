@@ -10,6 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "pqxx/connection"
+#include "pqxx/nontransaction"
 #include <signal.h>
 
 #include "tests/e2e/fake_worker.h"
@@ -182,6 +184,71 @@ TEST_F(RecoveryTest, OrphanFailPolicyEndsTheJobWhenItsWorkerDies) {
   EXPECT_EQ(done[0].state(), v1::JOB_STATE_FAILED);
   EXPECT_EQ(done[0].attempt(), 1);
   EXPECT_THAT(done[0].error(), HasSubstr("interrupted"));
+}
+
+// Retry to deadline: a job every worker refuses (RESOURCE_EXHAUSTED) goes back to the queue with no
+// attempt used, is offered again and again, and ends EXPIRED with a "capacity:" error once its
+// dispatch deadline passes.
+TEST_F(RecoveryTest, JobRefusedEverywhereExpiresAtItsDispatchDeadline) {
+  auto d = StartDaemon({.types = {{.name = "gpu"}}});
+  ASSERT_NE(d, nullptr);
+  // It advertises 4 slots but runs one job at a time: the rest are refused.
+  absl::StatusOr<std::unique_ptr<Worker>> w = Worker::Start(d->address(),
+                                                            {.id = "w1",
+                                                             .types = {"gpu"},
+                                                             .slots = 4,
+                                                             .max_concurrent = 1,
+                                                             .mode = {"--simulate", "100%:60s"}},
+                                                            dir_);
+  ASSERT_TRUE(w.ok()) << w.status();
+  absl::StatusOr<std::string> busy = d->Submit(Spec("gpu", "long"));
+  ASSERT_TRUE(busy.ok()) << busy.status();
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        absl::StatusOr<v1::Job> j = d->Status(*busy);
+        return j.ok() && j->state() == v1::JOB_STATE_RUNNING;
+      },
+      absl::Seconds(20)));
+  v1::JobSpec spec = Spec("gpu", "waits");
+  spec.mutable_dispatch_deadline()->set_seconds(3);
+  absl::StatusOr<std::string> id = d->Submit(spec);
+  ASSERT_TRUE(id.ok()) << id.status();
+  std::vector<v1::Job> done;
+  ASSERT_TRUE(d->WaitForTerminal({*id}, &done, absl::Seconds(30)));
+  EXPECT_EQ(done[0].state(), v1::JOB_STATE_EXPIRED);
+  EXPECT_EQ(done[0].attempt(), 0) << "a refusal uses no attempt";
+  EXPECT_THAT(done[0].error(), ::testing::StartsWith("capacity:"));
+  EXPECT_THAT(
+      d->process().Log(),
+      HasSubstr(absl::StrCat("refused job=", *id, " worker=w1 reason=REASON_RESOURCE_EXHAUSTED")));
+}
+
+// A queued row the leader never heard of (a standby's notification lost, or a row restored by an
+// operator) is found by the recount against the database, and runs.
+TEST_F(RecoveryTest, QueuedRowTheDaemonNeverHeardOfIsFoundAndRun) {
+  auto d = StartDaemon();
+  ASSERT_NE(d, nullptr);
+  absl::StatusOr<std::unique_ptr<Worker>> w =
+      Worker::Start(d->address(), {.id = "w1", .mode = {"--exec", "cat"}}, dir_);
+  ASSERT_TRUE(w.ok()) << w.status();
+  {
+    pqxx::connection conn(db_->url());
+    pqxx::nontransaction txn(conn);
+    // Written behind the daemon's back, and old enough to count as drift rather than a race.
+    txn.exec(
+        "INSERT INTO jobs (id, type, payload, state, max_attempts, timeout_ms, created_at, "
+        "updated_at) VALUES ('j_behind_its_back', 'echo', 'hidden'::bytea, 'QUEUED', 3, 60000, "
+        "now() - interval '1 minute', now() - interval '1 minute')");
+  }
+  std::vector<v1::Job> done;
+  ASSERT_TRUE(d->WaitForTerminal({"j_behind_its_back"}, &done, absl::Seconds(40)));
+  EXPECT_EQ(done[0].state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(done[0].result(), "hidden");
+  EXPECT_THAT(d->process().Log(),
+              HasSubstr("reconcile: queued job=j_behind_its_back was not known"));
+  absl::StatusOr<v1::StatsResponse> stats = Stats(*d);
+  ASSERT_TRUE(stats.ok());
+  EXPECT_GE(stats->accounting_repairs(), 1);
 }
 
 }  // namespace
