@@ -94,9 +94,15 @@ void Dispatcher::Stop() {
   }
   sessions_.clear();
   std::vector<std::weak_ptr<WorkerLink>> links;
+  absl::flat_hash_map<std::string, int64_t> unsettled;
   {
     absl::MutexLock l(&mu_);
     links.swap(links_);
+    unsettled.swap(unsettled_);
+    tasks_.clear();
+  }
+  for (const auto& [type, n] : unsettled) {
+    for (int64_t i = 0; i < n; ++i) admission_.Counted(type);
   }
   for (const std::weak_ptr<WorkerLink>& weak : links) {
     if (std::shared_ptr<WorkerLink> link = weak.lock()) {
@@ -111,13 +117,29 @@ void Dispatcher::Post(std::function<void()> task) {
 }
 
 void Dispatcher::JobQueued(job::Job job) {
-  Post([this, job = std::move(job)]() mutable {
-    admission_.Counted(job.spec.type);
-    if (jobs_.contains(job.id)) return;
-    scheduler_.Enqueue(ToPending(job));
-    std::string id = job.id;
-    jobs_.emplace(std::move(id), Entry{.job = std::move(job)});
-  });
+  {
+    // The reservation this job holds in the admission gate is settled exactly once: by the task
+    // below, or by Stop() if the task never runs (the term ended; the next one loads the row).
+    absl::MutexLock l(&mu_);
+    if (!stopping_) {
+      ++unsettled_[job.spec.type];
+      tasks_.push_back([this, job = std::move(job)]() mutable { TakeQueued(std::move(job)); });
+      return;
+    }
+  }
+  admission_.Counted(job.spec.type);
+}
+
+void Dispatcher::TakeQueued(job::Job job) {
+  {
+    absl::MutexLock l(&mu_);
+    --unsettled_[job.spec.type];
+  }
+  admission_.Counted(job.spec.type);
+  if (jobs_.contains(job.id)) return;
+  scheduler_.Enqueue(ToPending(job));
+  std::string id = job.id;
+  jobs_.emplace(std::move(id), Entry{.job = std::move(job)});
 }
 
 void Dispatcher::JobCancelled(const std::string& job_id, job::JobState previous) {

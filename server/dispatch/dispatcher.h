@@ -139,6 +139,7 @@ class Dispatcher {
   void Loop() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Everything below runs on the loop thread only.
+  void TakeQueued(job::Job job);
   void DispatchReady(absl::Time now);
   // Tells the admission gate what the loop holds now.
   void PublishLoad(absl::Time now);
@@ -191,6 +192,8 @@ class Dispatcher {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // Every link handed to WorkerConnected, so that Stop() can close those whose Hello never ran.
   std::vector<std::weak_ptr<WorkerLink>> links_ ABSL_GUARDED_BY(mu_);
+  // Jobs handed to JobQueued whose admission reservation the loop has not settled yet, by type.
+  absl::flat_hash_map<std::string, int64_t> unsettled_ ABSL_GUARDED_BY(mu_);
   std::thread loop_;
   std::atomic<int64_t> repairs_{0};
 
