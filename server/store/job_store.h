@@ -81,6 +81,10 @@ class JobStore {
   // The job with this id, or NotFound.
   virtual absl::StatusOr<job::Job> Get(const std::string& job_id) = 0;
 
+  // The jobs with these ids that exist, in no particular order; one round trip.
+  virtual absl::StatusOr<std::vector<job::Job>> GetMany(
+      const std::vector<std::string>& job_ids) = 0;
+
   // Every job in QUEUED, DISPATCHED or RUNNING, oldest first (for recovery at start).
   virtual absl::StatusOr<std::vector<job::Job>> LoadActive() = 0;
 
@@ -99,8 +103,9 @@ class JobStore {
   // before accepting). `attempt` is the number of attempts started (unchanged). False if stale.
   virtual absl::StatusOr<bool> ReturnToQueue(const std::string& job_id, int32_t attempt) = 0;
 
-  // RUNNING at `attempt` -> QUEUED for another attempt, not before `not_before`, keeping `error`
-  // as the last failure. False if stale.
+  // RUNNING at `attempt` (or DISPATCHED at the attempt before: a failure that overtook its
+  // accept) -> QUEUED for another attempt, not before `not_before`, keeping `error` as the last
+  // failure. False if stale.
   virtual absl::StatusOr<bool> Retry(const std::string& job_id, int32_t attempt,
                                      absl::Time not_before, const std::string& error) = 0;
 

@@ -115,6 +115,10 @@ SELECT id FROM jobs WHERE fairness_key = $1 AND idempotency_key = $2 AND idempot
 constexpr Statement kGetJob{"get_job",
                             "SELECT " DISPATCHD_PG_JOB_COLUMNS " FROM jobs WHERE id = $1"};
 
+// $1 ids.
+constexpr Statement kGetJobs{
+    "get_jobs", "SELECT " DISPATCHD_PG_JOB_COLUMNS " FROM jobs WHERE id = ANY($1::text[])"};
+
 constexpr Statement kLoadActive{
     "load_active", "SELECT " DISPATCHD_PG_JOB_COLUMNS
                    " FROM jobs WHERE state IN " DISPATCHD_PG_ACTIVE_STATES " ORDER BY seq"};
@@ -150,12 +154,14 @@ UPDATE jobs SET state = 'QUEUED', worker_id = '', updated_at = now()
 WHERE id = $1 AND state = 'DISPATCHED' AND attempt = $2::int4
   AND EXISTS (SELECT 1 FROM fence))sql"};
 
-// $1 id, $2 attempt, $3 not_before in us (NULL: at once), $4 error, $5 epoch.
+// $1 id, $2 attempt, $3 not_before in us (NULL: at once), $4 error, $5 epoch. Like kFinish, a
+// failure that overtook its accept (the row still DISPATCHED at the attempt before) counts.
 constexpr Statement kRetry{"retry", "WITH " DISPATCHD_PG_FENCE(5) R"sql(
-UPDATE jobs SET state = 'QUEUED', worker_id = '',
+UPDATE jobs SET state = 'QUEUED', attempt = $2::int4, worker_id = '',
                 not_before = timestamptz 'epoch' + $3::int8 * interval '1 microsecond',
                 error = $4, updated_at = now()
-WHERE id = $1 AND state = 'RUNNING' AND attempt = $2::int4
+WHERE id = $1 AND ((state = 'RUNNING' AND attempt = $2::int4) OR
+                   (state = 'DISPATCHED' AND attempt = $2::int4 - 1))
   AND EXISTS (SELECT 1 FROM fence))sql"};
 
 // $1 id, $2 attempt, $3 terminal state, $4 result (binary), $5 error, $6 epoch.
@@ -239,6 +245,7 @@ constexpr Statement kAllStatements[] = {
     kInsertJob,
     kSelectByIdempotencyKey,
     kGetJob,
+    kGetJobs,
     kLoadActive,
     kClaim,
     kMarkRunning,
@@ -657,6 +664,23 @@ absl::StatusOr<job::Job> PgJobStore::Get(const std::string& job_id) {
                             return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
                           }
                           return RowToJob(rows[0]);
+                        });
+}
+
+absl::StatusOr<std::vector<job::Job>> PgJobStore::GetMany(const std::vector<std::string>& job_ids) {
+  if (job_ids.empty()) return std::vector<job::Job>{};
+  return WithConnection(*pool_, absl::StrCat("get ", job_ids.size(), " jobs"),
+                        [&](pqxx::connection& conn) -> absl::StatusOr<std::vector<job::Job>> {
+                          pqxx::nontransaction txn(conn);
+                          pqxx::result rows =
+                              txn.exec_prepared(kGetJobs.name, TextArrayLiteral(job_ids));
+                          std::vector<job::Job> jobs;
+                          jobs.reserve(rows.size());
+                          for (const pqxx::row& row : rows) {
+                            DISPATCHD_ASSIGN_OR_RETURN(job::Job job, RowToJob(row));
+                            jobs.push_back(std::move(job));
+                          }
+                          return jobs;
                         });
 }
 

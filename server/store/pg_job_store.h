@@ -54,6 +54,7 @@ class PgJobStore final : public JobStore {
   // timeout is kept in whole milliseconds.
   absl::StatusOr<InsertOutcome> Insert(const job::Job& job) override;
   absl::StatusOr<job::Job> Get(const std::string& job_id) override;
+  absl::StatusOr<std::vector<job::Job>> GetMany(const std::vector<std::string>& job_ids) override;
   absl::StatusOr<std::vector<job::Job>> LoadActive() override;
   absl::StatusOr<std::vector<std::string>> Claim(const std::vector<ClaimRequest>& claims) override;
   absl::StatusOr<bool> MarkRunning(const std::string& job_id, int32_t attempt,

@@ -153,6 +153,18 @@ TEST_F(PgJobStoreTest, GetUnknownIdIsNotFound) {
   EXPECT_THAT(store_->Get("j_nope"), StatusIs(absl::StatusCode::kNotFound, "j_nope"));
 }
 
+TEST_F(PgJobStoreTest, GetManyReturnsTheJobsThatExistInOneCall) {
+  Insert(MakeJob("j_m1"));
+  Insert(MakeJob("j_m2"));
+  absl::StatusOr<std::vector<Job>> got = store_->GetMany({"j_m2", "j_missing", "j_m1"});
+  ASSERT_THAT(got, IsOk());
+  std::vector<std::string> ids;
+  for (const Job& j : *got) ids.push_back(j.id);
+  EXPECT_THAT(ids, UnorderedElementsAre("j_m1", "j_m2"));
+  for (const Job& j : *got) EXPECT_EQ(j.spec.payload, "payload of " + j.id);
+  EXPECT_THAT(store_->GetMany({}), IsOkAndHolds(IsEmpty()));
+}
+
 TEST_F(PgJobStoreTest, InsertOfExistingIdIsAlreadyExists) {
   Insert(MakeJob("j_dup"));
   EXPECT_THAT(store_->Insert(MakeJob("j_dup")), StatusIs(absl::StatusCode::kAlreadyExists));
@@ -519,6 +531,20 @@ TEST_F(PgJobStoreTest, RetryRequeuesKeepingTheAttemptCount) {
   EXPECT_THAT(store_->Claim({{.job_id = "j_1", .attempt = 1, .worker_id = "w2"}}),
               IsOkAndHolds(ElementsAre("j_1")));
   EXPECT_THAT(store_->MarkRunning("j_1", 2, "w2"), IsOkAndHolds(true));
+}
+
+TEST_F(PgJobStoreTest, RetryAcceptsAFailureThatOvertookItsAccept) {
+  Insert(MakeJob("j_1"));
+  ASSERT_THAT(store_->Claim({{.job_id = "j_1", .attempt = 0, .worker_id = "w1"}}),
+              IsOkAndHolds(ElementsAre("j_1")));
+  // The worker accepted attempt 1 and failed it, but the accept was never written.
+  EXPECT_THAT(store_->Retry("j_1", 2, absl::InfinitePast(), "stale"), IsOkAndHolds(false));
+  EXPECT_THAT(store_->Retry("j_1", 1, absl::InfinitePast(), "boom"), IsOkAndHolds(true));
+  Job got = Get("j_1");
+  EXPECT_EQ(got.state, JobState::kQueued);
+  EXPECT_EQ(got.attempt, 1);  // the attempt is consumed
+  EXPECT_EQ(got.worker_id, "");
+  EXPECT_EQ(got.error, "boom");
 }
 
 TEST_F(PgJobStoreTest, LateFinishForAnAttemptThatWasRetriedChangesNothing) {
