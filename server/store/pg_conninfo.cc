@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
@@ -45,7 +46,8 @@ std::string PasswordIn(absl::string_view url) {
 }  // namespace
 
 absl::StatusOr<Target> ParseTarget(const std::string& url, absl::Duration connect_timeout,
-                                   const std::string& application_name) {
+                                   const std::string& application_name,
+                                   absl::Duration tcp_user_timeout) {
   char* error = nullptr;
   PQconninfoOption* options = PQconninfoParse(url.c_str(), &error);
   if (options == nullptr) {
@@ -59,17 +61,23 @@ absl::StatusOr<Target> ParseTarget(const std::string& url, absl::Duration connec
   }
   std::vector<std::string> parts;
   std::string host, hostaddr, port, dbname, user;
-  bool has_timeout = false, has_name = false;
+  std::string url_name;
+  bool has_timeout = false, has_keepalives = false, has_user_timeout = false;
   for (PQconninfoOption* o = options; o->keyword != nullptr; ++o) {
     if (o->val == nullptr) continue;
     const absl::string_view keyword = o->keyword;
+    if (keyword == "application_name") {
+      url_name = o->val;
+      continue;
+    }
     if (keyword == "host") host = o->val;
     if (keyword == "hostaddr") hostaddr = o->val;
     if (keyword == "port") port = o->val;
     if (keyword == "dbname") dbname = o->val;
     if (keyword == "user") user = o->val;
     if (keyword == "connect_timeout") has_timeout = true;
-    if (keyword == "application_name") has_name = true;
+    if (absl::StartsWith(keyword, "keepalives")) has_keepalives = true;
+    if (keyword == "tcp_user_timeout") has_user_timeout = true;
     parts.push_back(absl::StrCat(keyword, "=", QuoteConninfoValue(o->val)));
   }
   PQconninfoFree(options);
@@ -78,10 +86,16 @@ absl::StatusOr<Target> ParseTarget(const std::string& url, absl::Duration connec
         std::max<int64_t>(1, absl::ToInt64Seconds(absl::Ceil(connect_timeout, absl::Seconds(1))));
     parts.push_back(absl::StrCat("connect_timeout=", seconds));
   }
-  if (!has_name) {
+  std::string name = !application_name.empty() ? application_name
+                     : !url_name.empty()       ? url_name
+                                               : "dispatchd";
+  parts.push_back(absl::StrCat("application_name=", QuoteConninfoValue(name)));
+  if (!has_keepalives) {
+    parts.push_back("keepalives=1 keepalives_idle=10 keepalives_interval=5 keepalives_count=3");
+  }
+  if (!has_user_timeout && tcp_user_timeout != absl::InfiniteDuration()) {
     parts.push_back(absl::StrCat(
-        "application_name=",
-        QuoteConninfoValue(application_name.empty() ? "dispatchd" : application_name)));
+        "tcp_user_timeout=", std::max<int64_t>(1, absl::ToInt64Milliseconds(tcp_user_timeout))));
   }
   if (host.empty()) host = hostaddr;
   if (port.empty()) port = "5432";

@@ -1,5 +1,7 @@
 #include "server/store/pg_leader_lease.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <exception>
 #include <utility>
 
@@ -83,11 +85,26 @@ PgLeaderLease::~PgLeaderLease() {
 }
 
 absl::StatusOr<std::unique_ptr<PgLeaderLease>> PgLeaderLease::Connect(
-    const std::string& url, const std::string& application_name, absl::Duration connect_timeout) {
-  absl::StatusOr<Target> target = ParseTarget(url, connect_timeout, application_name);
+    const std::string& url, const std::string& application_name, absl::Duration connect_timeout,
+    absl::Duration statement_timeout) {
+  absl::StatusOr<Target> target =
+      ParseTarget(url, connect_timeout, application_name, /*tcp_user_timeout=*/statement_timeout);
   if (!target.ok()) return target.status();
   try {
     auto conn = std::make_unique<pqxx::connection>(target->conninfo);
+    // libpqxx 6 would quietly open a new session when this one breaks, and the new session does
+    // not hold the lock: a lease must see the break instead.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+    conn->inhibit_reactivation(true);
+#pragma GCC diagnostic pop
+    {
+      // No statement may hold the election up for long: a leader that cannot renew in time must
+      // notice and step down before a standby takes over.
+      pqxx::nontransaction txn(*conn);
+      txn.exec(absl::StrCat("SET statement_timeout = ",
+                            std::max<int64_t>(1, absl::ToInt64Milliseconds(statement_timeout))));
+    }
     return std::unique_ptr<PgLeaderLease>(
         new PgLeaderLease(std::make_unique<Impl>(std::move(conn), target->endpoint)));
   } catch (const std::exception& e) {

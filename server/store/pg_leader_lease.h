@@ -27,18 +27,20 @@ struct LeaderRecord {
 // stops renewing and a standby ends its sessions (Evict). While leading, the session also
 // LISTENs for rows that standbys changed (JobStore::NotifyChanged).
 //
-//   auto lease = PgLeaderLease::Connect(url, "dispatchd d-1", absl::Seconds(5));
+//   auto lease = PgLeaderLease::Connect(url, "dispatchd d-1", absl::Seconds(5), absl::Seconds(2));
 //   if (auto epoch = (*lease)->TryAcquire("d-1", "10.0.0.5:7411"); epoch.ok() && *epoch) ...
 //
 // Any error leaves the session unusable: drop the object (which ends the session and so gives up
 // the lock) and connect again. Not thread-safe: owned by one thread.
 class PgLeaderLease {
  public:
-  // Opens the session (the schema must exist: PgJobStore::Connect migrates it first).
-  // Unavailable names the endpoint; InvalidArgument for a bad URL.
+  // Opens the session (the schema must exist: PgJobStore::Connect migrates it first). Every
+  // statement on it is cut off after `statement_timeout`. Unavailable names the endpoint;
+  // InvalidArgument for a bad URL.
   static absl::StatusOr<std::unique_ptr<PgLeaderLease>> Connect(const std::string& url,
                                                                 const std::string& application_name,
-                                                                absl::Duration connect_timeout);
+                                                                absl::Duration connect_timeout,
+                                                                absl::Duration statement_timeout);
   ~PgLeaderLease();
   PgLeaderLease(const PgLeaderLease&) = delete;
   PgLeaderLease& operator=(const PgLeaderLease&) = delete;

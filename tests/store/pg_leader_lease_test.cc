@@ -41,7 +41,7 @@ class PgLeaderLeaseTest : public ::testing::Test {
 
   std::unique_ptr<PgLeaderLease> Lease(const std::string& name) {
     absl::StatusOr<std::unique_ptr<PgLeaderLease>> lease =
-        PgLeaderLease::Connect(db_->url(), name, absl::Seconds(5));
+        PgLeaderLease::Connect(db_->url(), name, absl::Seconds(5), absl::Seconds(5));
     EXPECT_TRUE(lease.ok()) << lease.status();
     return lease.ok() ? *std::move(lease) : nullptr;
   }
