@@ -1,6 +1,8 @@
 #include "server/ha/leadership.h"
 
 #include <algorithm>
+#include <chrono>
+#include <future>
 #include <utility>
 #include <vector>
 
@@ -38,8 +40,7 @@ Leadership::~Leadership() { Stop(); }
 
 absl::Status Leadership::Start(std::string address) {
   address_ = std::move(address);
-  absl::StatusOr<std::unique_ptr<store::PgLeaderLease>> lease = store::PgLeaderLease::Connect(
-      options_.url, ApplicationName(options_.daemon_id), options_.connect_timeout);
+  absl::StatusOr<std::unique_ptr<store::PgLeaderLease>> lease = OpenLease();
   if (!lease.ok()) return lease.status();
   lease_ = *std::move(lease);
   if (!TryLead(clock_.TimeNow())) {
@@ -76,13 +77,20 @@ LeaderInfo Leadership::leader() const {
   return info_;
 }
 
+absl::StatusOr<std::unique_ptr<store::PgLeaderLease>> Leadership::OpenLease() const {
+  // A statement on the lease session that takes half a lease fails, and so does the session if
+  // the network drops its packets that long: the leader then steps down (LeadTick's watchdog)
+  // before a standby may end its sessions at a whole lease.
+  return store::PgLeaderLease::Connect(options_.url, ApplicationName(options_.daemon_id),
+                                       options_.connect_timeout, config_.ha.lease / 2);
+}
+
 void Leadership::Loop() {
   while (!Stopping()) {
     const absl::Time now = clock_.TimeNow();
     if (lease_ == nullptr) {
       if (now >= next_connect_) {
-        absl::StatusOr<std::unique_ptr<store::PgLeaderLease>> lease = store::PgLeaderLease::Connect(
-            options_.url, ApplicationName(options_.daemon_id), options_.connect_timeout);
+        absl::StatusOr<std::unique_ptr<store::PgLeaderLease>> lease = OpenLease();
         if (lease.ok()) {
           lease_ = *std::move(lease);
           next_try_ = now;
@@ -109,29 +117,47 @@ void Leadership::Loop() {
 }
 
 bool Leadership::LeadTick(absl::Time now) {
+  // Renew before anything else this round may spend time on.
+  if (!RenewIfDue(now)) return false;
   absl::StatusOr<std::vector<std::string>> ids = lease_->AwaitNotifications(tick_);
   if (!ids.ok()) {
     Demote(absl::StrCat("lost its database session: ", ids.status().message()));
     return false;
   }
-  if (!ids->empty()) {
-    absl::flat_hash_set<std::string> seen;
-    std::vector<job::Job> rows;
-    for (const std::string& id : *ids) {
-      if (!seen.insert(id).second) continue;
-      if (absl::StatusOr<job::Job> job = store_.Get(id); job.ok()) rows.push_back(*std::move(job));
-    }
-    if (std::shared_ptr<dispatch::Dispatcher> d = dispatcher(); d && !rows.empty()) {
-      d->RowsChanged(std::move(rows));
-    }
+  if (ids->empty()) return true;
+  absl::flat_hash_set<std::string> seen;
+  std::vector<std::string> unique;
+  for (std::string& id : *ids) {
+    if (seen.insert(id).second) unique.push_back(std::move(id));
   }
-  if (now >= next_renew_) {
-    if (absl::Status renewed = lease_->Renew(epoch_); !renewed.ok()) {
-      Demote(absl::StrCat("could not renew its lease: ", renewed.message()));
-      return false;
-    }
-    next_renew_ = now + interval_;
+  absl::StatusOr<std::vector<job::Job>> rows = store_.GetMany(unique);
+  if (!rows.ok()) {
+    // The dispatcher's reconcile finds these rows later.
+    server::Log("ha")->warn("cannot read {} changed jobs: {}", unique.size(),
+                            rows.status().message());
+    return true;
   }
+  if (std::shared_ptr<dispatch::Dispatcher> d = dispatcher(); d && !rows->empty()) {
+    d->RowsChanged(*std::move(rows));
+  }
+  return true;
+}
+
+bool Leadership::RenewIfDue(absl::Time now) {
+  // The watchdog: a leader that has not renewed for ¾ of a lease steps down on its own, so it
+  // stops dispatching before any standby may end its sessions (at a whole lease).
+  if (now - renewed_ >= config_.ha.lease * 3 / 4) {
+    Demote(
+        absl::StrCat("its lease was last renewed ", absl::FormatDuration(now - renewed_), " ago"));
+    return false;
+  }
+  if (now < next_renew_) return true;
+  if (absl::Status renewed = lease_->Renew(epoch_); !renewed.ok()) {
+    Demote(absl::StrCat("could not renew its lease: ", renewed.message()));
+    return false;
+  }
+  renewed_ = now;
+  next_renew_ = now + interval_;
   return true;
 }
 
@@ -194,17 +220,30 @@ void Leadership::Promote(int64_t epoch, absl::Time now) {
     next_connect_ = now + kReconnectPause;
     return;
   }
+  // Loading a large backlog may take longer than a lease: keep renewing while it loads, or the
+  // standbys would take this daemon for frozen and end its sessions.
+  epoch_ = epoch;
+  renewed_ = now;
+  next_renew_ = now + interval_;
   auto d = std::make_shared<dispatch::Dispatcher>(config_, store_, clock_, events_, admission_);
-  if (absl::Status started = d->Start(); !started.ok()) {
-    server::Log("ha")->error("won the lease at epoch {} but cannot load jobs: {}", epoch,
-                             started.message());
-    d.reset();
+  std::future<absl::Status> loading = std::async(std::launch::async, [&d] { return d->Start(); });
+  bool renewing = true;
+  while (loading.wait_for(std::chrono::microseconds(absl::ToInt64Microseconds(tick_))) !=
+         std::future_status::ready) {
+    if (renewing && !RenewIfDue(clock_.TimeNow())) renewing = false;  // demoted: d not yet shown
+  }
+  absl::Status started = loading.get();
+  if (!renewing || !started.ok()) {
+    if (!started.ok()) {
+      server::Log("ha")->error("won the lease at epoch {} but cannot load jobs: {}", epoch,
+                               started.message());
+    }
+    d->Stop();
+    epoch_ = 0;
     lease_.reset();  // gives the lease up
     next_connect_ = now + kReconnectPause;
     return;
   }
-  epoch_ = epoch;
-  next_renew_ = now + interval_;
   watched_.clear();
   {
     absl::MutexLock l(&mu_);
@@ -220,7 +259,7 @@ void Leadership::Demote(const std::string& why) {
   {
     absl::MutexLock l(&mu_);
     d = std::move(dispatcher_);
-    info_.is_leader = false;
+    info_ = LeaderInfo{};  // a standby round reads who leads next
   }
   const int64_t epoch = epoch_;
   epoch_ = 0;

@@ -79,6 +79,10 @@ class Leadership {
   void Loop() ABSL_LOCKS_EXCLUDED(mu_);
   // Both return false when the lease session must be dropped (and reopened).
   bool LeadTick(absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
+  // Renews the lease when due; steps down (and returns false) when it cannot, or when the last
+  // renewal is ¾ of a lease old.
+  bool RenewIfDue(absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<std::unique_ptr<store::PgLeaderLease>> OpenLease() const;
   bool StandbyTick(absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
   // Takes the lease if it is free; clears away a frozen leader. False on a session error.
   bool TryLead(absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
@@ -110,6 +114,7 @@ class Leadership {
   absl::Time next_connect_ = absl::InfinitePast();
   absl::Time next_try_ = absl::InfinitePast();
   absl::Time next_renew_ = absl::InfinitePast();
+  absl::Time renewed_ = absl::InfinitePast();  // the last successful renewal (or the epoch bump)
   absl::Time next_refresh_ = absl::InfinitePast();
   absl::flat_hash_map<std::string, job::JobState> watched_;  // last state published per job
 };

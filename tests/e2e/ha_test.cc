@@ -13,6 +13,8 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "pqxx/connection"
+#include "pqxx/nontransaction"
 #include <signal.h>
 
 #include "tests/e2e/harness.h"
@@ -22,6 +24,7 @@ namespace dispatchd::e2e {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr absl::Duration kLease = absl::Seconds(2);
 
@@ -33,10 +36,10 @@ class HaTest : public ::testing::Test {
     db_ = std::make_unique<testing::TestDatabase>(*std::move(db));
   }
 
-  std::unique_ptr<Daemon> StartDaemon(const TempDir& dir) {
+  std::unique_ptr<Daemon> StartDaemon(const TempDir& dir, const std::string& lease = "2s") {
     DaemonOptions options{.postgres_url = db_->url(),
                           .types = {{.name = "echo", .max_attempts = 5}},
-                          .extra_yaml = "ha:\n  lease: 2s\n"};
+                          .extra_yaml = absl::StrCat("ha:\n  lease: ", lease, "\n")};
     absl::StatusOr<std::unique_ptr<Daemon>> d = Daemon::Start(options, dir);
     EXPECT_TRUE(d.ok()) << d.status();
     return d.ok() ? *std::move(d) : nullptr;
@@ -75,7 +78,7 @@ class HaTest : public ::testing::Test {
     }
   }
 
-  TempDir dir_a_, dir_b_, dir_w_;
+  TempDir dir_a_, dir_b_, dir_c_, dir_w_;
   std::unique_ptr<testing::TestDatabase> db_;
 };
 
@@ -187,6 +190,48 @@ TEST_F(HaTest, FrozenLeaderIsReplacedAndCannotWriteWhenItWakes) {
   std::vector<std::string> after = SubmitMany(*a, 20, "after-");
   ids.insert(ids.end(), after.begin(), after.end());
   ExpectAllSucceeded(*b, ids);
+}
+
+// A new leader loads every active job before it schedules. With a backlog that takes longer to
+// load than a lease, it must keep renewing meanwhile: otherwise the other standby takes it for
+// frozen, ends its sessions, and the two evict each other in turn.
+TEST_F(HaTest, LeaderLoadingABacklogLongerThanItsLeaseKeepsTheLease) {
+  auto a = StartDaemon(dir_a_, "500ms");
+  ASSERT_NE(a, nullptr);
+  auto b = StartDaemon(dir_b_, "500ms");
+  ASSERT_NE(b, nullptr);
+  auto c = StartDaemon(dir_c_, "500ms");
+  ASSERT_NE(c, nullptr);
+  ASSERT_TRUE(IsLeader(*a));
+  {
+    pqxx::connection conn(db_->url());
+    pqxx::nontransaction txn(conn);
+    txn.exec(
+        "INSERT INTO jobs (id, type, payload, state, max_attempts, timeout_ms, created_at, "
+        "updated_at) SELECT 'j_backlog_' || i, 'echo', 'x'::bytea, 'QUEUED', 3, 60000, now(), "
+        "now() FROM generate_series(1, 300000) AS i");
+  }
+  a->Kill9();
+  Daemon* leader = nullptr;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        leader = IsLeader(*b) ? b.get() : IsLeader(*c) ? c.get() : nullptr;
+        return leader != nullptr;
+      },
+      absl::Seconds(60)));
+  absl::StatusOr<v1::LeaderInfo> first = Leader(*leader);
+  ASSERT_TRUE(first.ok());
+  // Twenty leases later the same daemon leads the same term.
+  absl::SleepFor(absl::Seconds(10));
+  absl::StatusOr<v1::LeaderInfo> later = Leader(*leader);
+  ASSERT_TRUE(later.ok());
+  EXPECT_TRUE(later->is_leader());
+  EXPECT_EQ(later->epoch(), first->epoch());
+  const std::string loader_log = leader->process().Log();
+  EXPECT_THAT(loader_log, HasSubstr("recovered queued=300000"));
+  EXPECT_THAT(loader_log, Not(HasSubstr("stepped down")));
+  Daemon* other = leader == b.get() ? c.get() : b.get();
+  EXPECT_THAT(other->process().Log(), Not(HasSubstr("has not renewed its lease")));
 }
 
 }  // namespace
