@@ -128,6 +128,11 @@ void Dispatcher::JobQueued(job::Job job) {
     }
   }
   admission_.Counted(job.spec.type);
+  // This term is over; whichever daemon leads next may have loaded its jobs before this row was
+  // committed. Tell it, as a standby would (its reconcile would find the row later anyway).
+  if (absl::Status told = store_.NotifyChanged(job.id); !told.ok()) {
+    server::Log("dispatch")->debug("notify job={} failed status={}", job.id, told.ToString());
+  }
 }
 
 void Dispatcher::TakeQueued(job::Job job) {
@@ -158,10 +163,10 @@ void Dispatcher::Drop(const std::string& job_id, const std::string& why, absl::T
   if (scheduler_.IsPlaced(job_id)) {
     std::string worker = scheduler_.WorkerOf(job_id);
     scheduler_.Finished(job_id, now);
-    // The attempt the worker holds: the next one while dispatched, the current one running.
-    int32_t attempt = j.state == JobState::kDispatched ? j.attempt + 1 : j.attempt;
-    SendCancel(worker, job_id, attempt, why);
+    SendCancel(worker, job_id, HeldAttempt(it->second), why);
   }
+  // A result waiting to be written is moot now: let its worker forget it.
+  if (it->second.result_waits) SendAck(j.worker_id, job_id, it->second.parked_attempt);
   jobs_.erase(it);
   ++ended_since_publish_;
 }
@@ -384,6 +389,19 @@ void Dispatcher::DispatchReady(absl::Time now) {
     absl::flat_hash_map<std::string, v1::DaemonMessage> assigns;
     for (const sched::Dispatch& d : decisions) {
       auto it = jobs_.find(d.job_id);
+      if (won.contains(d.job_id) && it == jobs_.end()) {
+        // Claimed a job this loop no longer tracks: a bug, but the row must not stay DISPATCHED
+        // with nobody to run it. Give it back; the reconcile queues it again.
+        server::Log("dispatch")
+            ->error("claimed job={} that is not tracked here: returning it", d.job_id);
+        ++repairs_;
+        scheduler_.Retract(d.job_id);
+        if (absl::StatusOr<bool> back = store_.ReturnToQueue(d.job_id, d.attempt); !back.ok()) {
+          server::Log("dispatch")
+              ->warn("return to queue failed job={} status={}", d.job_id, back.status().ToString());
+        }
+        continue;
+      }
       if (!won.contains(d.job_id) || it == jobs_.end()) {
         // The row moved on (cancelled) or another session holds it: try again shortly if the
         // job is still ours to run.
@@ -431,7 +449,7 @@ void Dispatcher::Sweep(absl::Time now) {
   std::vector<std::string> orphaned, timed_out;
   for (auto& [id, e] : jobs_) {
     if (e.orphan_deadline <= now) orphaned.push_back(id);
-    if (e.job.state == JobState::kRunning && e.run_deadline <= now) timed_out.push_back(id);
+    if (Runs(e) && e.parked == Parked::kNo && e.run_deadline <= now) timed_out.push_back(id);
   }
   for (const std::string& id : orphaned) {
     auto it = jobs_.find(id);
@@ -442,10 +460,10 @@ void Dispatcher::Sweep(absl::Time now) {
   }
   for (const std::string& id : timed_out) {
     auto it = jobs_.find(id);
-    if (it == jobs_.end() || it->second.job.state != JobState::kRunning) continue;
+    if (it == jobs_.end() || !Runs(it->second)) continue;
     Entry& e = it->second;
     std::string worker = e.job.worker_id;
-    int32_t attempt = e.job.attempt;
+    int32_t attempt = HeldAttempt(e);
     SendCancel(worker, id, attempt, "timeout");
     scheduler_.Finished(id, now, RanSince(e.job.started_at, now));
     server::Log("dispatch")->warn("timeout job={} attempt={} worker={}", id, attempt, worker);
@@ -486,12 +504,20 @@ void Dispatcher::Sweep(absl::Time now) {
   if (!parked_.empty()) RetryParked(now);
 
   // Rows a failed write left DISPATCHED go back to the queue once the store answers again.
-  std::vector<std::string> retry;
-  retry.swap(unreturned_);
-  for (const std::string& id : retry) {
-    auto it = jobs_.find(id);
-    if (it != jobs_.end()) Requeue(it->second, it->second.job.spec.not_before);
+  if (!unreturned_.empty()) {
+    absl::flat_hash_set<std::string> retry;
+    retry.swap(unreturned_);
+    for (const std::string& id : retry) {
+      auto it = jobs_.find(id);
+      if (it == jobs_.end()) continue;
+      if (!unreturned_.empty()) {
+        unreturned_.insert(id);  // the store is still away: try the rest on the next sweep
+        continue;
+      }
+      Requeue(it->second, it->second.job.spec.not_before);
+    }
   }
+  if (!unmarked_.empty()) RetryUnmarked();
 
   if (now >= next_expiry_) {
     next_expiry_ = now + kExpiryInterval;
@@ -559,22 +585,34 @@ void Dispatcher::OnHello(const std::shared_ptr<WorkerLink>& link, const v1::Hell
     if (it == jobs_.end()) continue;
     Entry& e = it->second;
     job::Job& j = e.job;
-    bool running_here = j.state == JobState::kRunning && j.attempt == held.attempt();
-    bool accepted_unrecorded = j.state == JobState::kDispatched && j.attempt + 1 == held.attempt();
-    if (j.worker_id != worker_id || !(running_here || accepted_unrecorded) ||
-        e.parked != Parked::kNo) {
+    if (j.worker_id != worker_id) continue;
+    if (e.parked != Parked::kNo) {
+      // Its result waits to be written: the worker keeps it until acknowledged.
+      if (e.result_waits && e.parked_attempt == held.attempt()) {
+        *w->add_adopted_jobs() = held;
+        adopted.insert(j.id);
+      }
       continue;
     }
+    bool running_here = j.state == JobState::kRunning && j.attempt == held.attempt();
+    bool accepted_unrecorded = j.state == JobState::kDispatched && j.attempt + 1 == held.attempt();
+    if (!(running_here || accepted_unrecorded)) continue;
     if (accepted_unrecorded) {
       // Record the accept that never was. If the database is away, adopt it all the same: the
-      // row stays DISPATCHED at the previous attempt, which its result still settles.
+      // row stays DISPATCHED at the previous attempt, which its outcome still settles.
       absl::StatusOr<bool> marked = store_.MarkRunning(j.id, held.attempt(), worker_id);
       if (marked.ok() && !*marked) continue;  // the row moved on
       if (marked.ok()) {
         j.state = JobState::kRunning;
         j.attempt = held.attempt();
+        e.accepted = false;
+        unmarked_.erase(j.id);
+      } else {
+        e.accepted = true;
+        unmarked_.insert(j.id);
       }
     }
+    e.heartbeat_misses = 0;
     e.orphan_deadline = absl::InfiniteFuture();
     if (e.run_deadline == absl::InfiniteFuture()) e.run_deadline = now + j.spec.timeout;
     scheduler_.Adopt(ToPlaced(j, worker_id));
@@ -611,18 +649,27 @@ void Dispatcher::OnAccept(const std::string& worker_id, const v1::Accept& accept
     }
     if (j.state == JobState::kDispatched && j.worker_id == worker_id &&
         j.attempt + 1 == accept.attempt()) {
+      if (!e.accepted) {
+        j.started_at = now;
+        e.run_deadline = now + j.spec.timeout;
+        e.heartbeat_misses = 0;
+      }
       absl::StatusOr<bool> marked = store_.MarkRunning(j.id, accept.attempt(), worker_id);
       if (!marked.ok()) {
-        // The worker runs it; its result will settle the row (Finish accepts DISPATCHED).
-        server::Log("dispatch")->warn("mark running failed job={} status={}", j.id,
-                                      marked.status().ToString());
+        // The worker runs it: count it as running, and write the mark once the database
+        // answers. Its outcome settles the row even if the mark never lands.
+        server::Log("dispatch")
+            ->warn("mark running failed job={} status={}; retrying", j.id,
+                   marked.status().ToString());
+        e.accepted = true;
+        unmarked_.insert(j.id);
         return;
       }
       if (*marked) {
         j.state = JobState::kRunning;
         j.attempt = accept.attempt();
-        j.started_at = now;
-        e.run_deadline = now + j.spec.timeout;
+        e.accepted = false;
+        unmarked_.erase(j.id);
         events_.Publish(j.id, JobState::kRunning);
         return;
       }
@@ -661,10 +708,10 @@ void Dispatcher::OnResult(const std::string& worker_id, const v1::Result& result
               ((j.state == JobState::kRunning && j.attempt == result.attempt()) ||
                (j.state == JobState::kDispatched && j.attempt + 1 == result.attempt()));
   }
-  if (current && it->second.parked == Parked::kSuccess) {
+  if (current && it->second.result_waits) {
     return;  // the same result, sent again while its write waits: acknowledged once it lands
   }
-  if (!current || it->second.parked == Parked::kFailure) {
+  if (!current || it->second.parked != Parked::kNo) {
     server::Log("dispatch")->info("discarded stale result job={} attempt={} worker={}",
                                   result.job_id(), result.attempt(), worker_id);
     SendTo(worker_id, std::move(ack));
@@ -677,8 +724,10 @@ void Dispatcher::OnResult(const std::string& worker_id, const v1::Result& result
                             : RanSince(e.job.started_at, now);
   if (result.has_failure()) {
     scheduler_.Finished(job_id, now, ran);
-    FailAttempt(e, result.attempt(), result.failure().message(), result.failure().retryable(),
-                now);
+    if (!FailAttempt(e, result.attempt(), result.failure().message(), result.failure().retryable(),
+                     now, /*ack=*/true)) {
+      return;  // parked: acknowledged once written
+    }
   } else {
     absl::StatusOr<bool> done = store_.Finish(store::FinishRequest{
         .job_id = job_id, .attempt = result.attempt(), .state = JobState::kSucceeded,
@@ -690,7 +739,10 @@ void Dispatcher::OnResult(const std::string& worker_id, const v1::Result& result
                                     done.status().ToString());
       scheduler_.Finished(job_id, now, ran);
       e.parked = Parked::kSuccess;
+      e.parked_attempt = result.attempt();
+      e.result_waits = true;
       e.run_deadline = absl::InfiniteFuture();
+      unmarked_.erase(job_id);
       parked_.push_back(ParkedWrite{.job_id = job_id,
                                     .attempt = result.attempt(),
                                     .worker_id = worker_id,
@@ -700,6 +752,7 @@ void Dispatcher::OnResult(const std::string& worker_id, const v1::Result& result
     scheduler_.Finished(job_id, now, ran);
     jobs_.erase(it);
     ++ended_since_publish_;
+    unmarked_.erase(job_id);
     if (*done) {
       LogFinished(job_id, JobState::kSucceeded, result.attempt());
       events_.Publish(job_id, JobState::kSucceeded);
@@ -746,18 +799,19 @@ void Dispatcher::LoseWorker(const std::string& worker_id, const std::string& rea
 
 void Dispatcher::Orphan(Entry& entry, const std::string& reason, absl::Time now) {
   job::Job& j = entry.job;
-  if (j.state == JobState::kDispatched) {
+  if (entry.parked != Parked::kNo) return;  // its outcome is known, only not yet written
+  if (j.state == JobState::kDispatched && !entry.accepted) {
     Requeue(entry, j.spec.not_before);
     return;
   }
-  if (j.state != JobState::kRunning) return;
+  if (!Runs(entry)) return;
   const config::JobTypeConfig* type = TypeOf(j);
   bool requeue = type == nullptr || type->on_orphan == config::OnOrphan::kRequeue;
-  FailAttempt(entry, j.attempt, absl::StrCat("interrupted: ", reason), requeue, now);
+  FailAttempt(entry, HeldAttempt(entry), absl::StrCat("interrupted: ", reason), requeue, now);
 }
 
-void Dispatcher::FailAttempt(Entry& entry, int32_t attempt, const std::string& error,
-                             bool retryable, absl::Time now) {
+bool Dispatcher::FailAttempt(Entry& entry, int32_t attempt, const std::string& error,
+                             bool retryable, absl::Time now, bool ack) {
   job::Job& j = entry.job;
   const std::string job_id = j.id;
   if (retryable && attempt < j.spec.max_attempts) {
@@ -765,66 +819,86 @@ void Dispatcher::FailAttempt(Entry& entry, int32_t attempt, const std::string& e
     absl::Time not_before =
         now + (type ? sched::RetryBackoff(*type, attempt, job_id) : absl::Seconds(1));
     absl::StatusOr<bool> ok = store_.Retry(job_id, attempt, not_before, error);
-    if (ok.ok() && *ok) {
-      j.state = JobState::kQueued;
-      j.attempt = attempt;
-      j.worker_id.clear();
-      j.error = error;
-      j.spec.not_before = not_before;
-      entry.run_deadline = absl::InfiniteFuture();
-      scheduler_.Enqueue(ToPending(j));
-      server::Log("dispatch")->info("retry job={} attempt={} after={} error=\"{}\"", job_id, attempt,
-                                    absl::FormatDuration(not_before - now), error);
-      events_.Publish(job_id, JobState::kQueued);
-      return;
-    }
     if (!ok.ok()) {
       server::Log("dispatch")->warn("retry failed job={} status={}; retrying", job_id,
                                     ok.status().ToString());
-      Park(entry, attempt, error, retryable);
-      return;
+      Park(entry, attempt, error, retryable, ack);
+      return false;
     }
-    if (jobs_.erase(job_id) > 0) ++ended_since_publish_;  // the row moved on (cancelled)
-    return;
+    unmarked_.erase(job_id);
+    if (!*ok) {
+      if (jobs_.erase(job_id) > 0) ++ended_since_publish_;  // the row moved on (cancelled)
+      return true;
+    }
+    j.state = JobState::kQueued;
+    j.attempt = attempt;
+    j.worker_id.clear();
+    j.error = error;
+    j.spec.not_before = not_before;
+    entry.run_deadline = absl::InfiniteFuture();
+    entry.accepted = false;
+    entry.heartbeat_misses = 0;
+    scheduler_.Enqueue(ToPending(j));
+    server::Log("dispatch")
+        ->info("retry job={} attempt={} after={} error=\"{}\"", job_id, attempt,
+               absl::FormatDuration(not_before - now), error);
+    events_.Publish(job_id, JobState::kQueued);
+    return true;
   }
   absl::StatusOr<bool> done = store_.Finish(store::FinishRequest{
       .job_id = job_id, .attempt = attempt, .state = JobState::kFailed, .error = error});
   if (!done.ok()) {
     server::Log("dispatch")->warn("finish failed job={} status={}; retrying", job_id,
                                   done.status().ToString());
-    Park(entry, attempt, error, retryable);
-    return;
+    Park(entry, attempt, error, retryable, ack);
+    return false;
   }
+  unmarked_.erase(job_id);
   if (jobs_.erase(job_id) > 0) ++ended_since_publish_;
   if (*done) {
     server::Log("dispatch")->info("failed job={} attempt={} error=\"{}\"", job_id, attempt, error);
     LogFinished(job_id, JobState::kFailed, attempt);
     events_.Publish(job_id, JobState::kFailed);
   }
+  return true;
 }
 
-void Dispatcher::Park(Entry& entry, int32_t attempt, const std::string& error, bool retryable) {
+void Dispatcher::Park(Entry& entry, int32_t attempt, const std::string& error, bool retryable,
+                      bool ack) {
   if (entry.parked != Parked::kNo) return;  // already waiting to be written
   entry.parked = Parked::kFailure;
+  entry.parked_attempt = attempt;
+  entry.result_waits = ack;
   entry.run_deadline = absl::InfiniteFuture();
   parked_.push_back(ParkedWrite{.job_id = entry.job.id,
                                 .attempt = attempt,
                                 .worker_id = entry.job.worker_id,
                                 .failed = true,
                                 .error = error,
-                                .retryable = retryable});
+                                .retryable = retryable,
+                                .ack = ack});
 }
 
 void Dispatcher::RetryParked(absl::Time now) {
   std::vector<ParkedWrite> parked;
   parked.swap(parked_);
+  bool store_away = false;  // after one write fails, leave the rest for the next sweep
   for (ParkedWrite& p : parked) {
     auto it = jobs_.find(p.job_id);
     if (it == jobs_.end() || it->second.parked == Parked::kNo) continue;  // settled otherwise
+    if (store_away) {
+      parked_.push_back(std::move(p));
+      continue;
+    }
     Entry& e = it->second;
     if (p.failed) {
       e.parked = Parked::kNo;
-      FailAttempt(e, p.attempt, p.error, p.retryable, now);  // parks it again if still failing
+      e.result_waits = false;
+      if (FailAttempt(e, p.attempt, p.error, p.retryable, now, p.ack)) {
+        if (p.ack) SendAck(p.worker_id, p.job_id, p.attempt);
+      } else {
+        store_away = true;  // parked again
+      }
       continue;
     }
     absl::StatusOr<bool> done = store_.Finish(store::FinishRequest{.job_id = p.job_id,
@@ -832,6 +906,7 @@ void Dispatcher::RetryParked(absl::Time now) {
                                                                    .state = JobState::kSucceeded,
                                                                    .result = p.output});
     if (!done.ok()) {
+      store_away = true;
       parked_.push_back(std::move(p));
       continue;
     }
@@ -842,22 +917,42 @@ void Dispatcher::RetryParked(absl::Time now) {
       LogFinished(p.job_id, JobState::kSucceeded, p.attempt);
       events_.Publish(p.job_id, JobState::kSucceeded);
     }
-    v1::DaemonMessage ack;
-    ack.mutable_result_ack()->set_job_id(p.job_id);
-    ack.mutable_result_ack()->set_attempt(p.attempt);
-    SendTo(p.worker_id, std::move(ack));
+    SendAck(p.worker_id, p.job_id, p.attempt);
+  }
+}
+
+void Dispatcher::RetryUnmarked() {
+  std::vector<std::string> ids(unmarked_.begin(), unmarked_.end());
+  for (const std::string& id : ids) {
+    auto it = jobs_.find(id);
+    if (it == jobs_.end() || !it->second.accepted || it->second.parked != Parked::kNo) {
+      unmarked_.erase(id);
+      continue;
+    }
+    job::Job& j = it->second.job;
+    absl::StatusOr<bool> marked = store_.MarkRunning(id, j.attempt + 1, j.worker_id);
+    if (!marked.ok()) return;  // still away: all of them wait for the next sweep
+    unmarked_.erase(id);
+    it->second.accepted = false;
+    if (!*marked) continue;  // the row moved on: the reconcile settles the entry
+    j.state = JobState::kRunning;
+    j.attempt += 1;
+    server::Log("dispatch")->info("running mark recorded after a retry job={}", id);
+    events_.Publish(id, JobState::kRunning);
   }
 }
 
 void Dispatcher::Requeue(Entry& entry, absl::Time not_before) {
   job::Job& j = entry.job;
+  if (j.state != JobState::kDispatched || entry.accepted) return;  // back already, or started
   absl::StatusOr<bool> ok = store_.ReturnToQueue(j.id, j.attempt);
   if (!ok.ok()) {
     server::Log("dispatch")->warn("return to queue failed job={} status={}", j.id,
                                   ok.status().ToString());
-    unreturned_.push_back(j.id);
+    unreturned_.insert(j.id);
     return;
   }
+  unreturned_.erase(j.id);
   if (!*ok) {
     if (jobs_.erase(j.id) > 0) ++ended_since_publish_;  // the row moved on (cancelled)
     return;
@@ -865,8 +960,16 @@ void Dispatcher::Requeue(Entry& entry, absl::Time not_before) {
   j.state = JobState::kQueued;
   j.worker_id.clear();
   j.spec.not_before = not_before;
+  entry.heartbeat_misses = 0;
   scheduler_.Enqueue(ToPending(j));
   events_.Publish(j.id, JobState::kQueued);
+}
+
+void Dispatcher::SendAck(const std::string& worker_id, const std::string& job_id, int32_t attempt) {
+  v1::DaemonMessage ack;
+  ack.mutable_result_ack()->set_job_id(job_id);
+  ack.mutable_result_ack()->set_attempt(attempt);
+  SendTo(worker_id, std::move(ack));
 }
 
 void Dispatcher::SendTo(const std::string& worker_id, v1::DaemonMessage msg) {
@@ -893,10 +996,10 @@ void Dispatcher::OnHeartbeat(const std::string& worker_id, const v1::Heartbeat& 
   std::vector<std::string> lost;
   for (const std::string& id : scheduler_.JobsOn(worker_id)) {
     auto it = jobs_.find(id);
-    if (it == jobs_.end() || it->second.job.state != JobState::kRunning) continue;
+    if (it == jobs_.end() || !Runs(it->second)) continue;
     Entry& e = it->second;
     auto h = held.find(id);
-    if (h != held.end() && h->second == e.job.attempt) {
+    if (h != held.end() && h->second == HeldAttempt(e)) {
       e.heartbeat_misses = 0;
     } else if (++e.heartbeat_misses >= kHeartbeatMissesToLose) {
       lost.push_back(id);
@@ -904,35 +1007,56 @@ void Dispatcher::OnHeartbeat(const std::string& worker_id, const v1::Heartbeat& 
   }
   for (const std::string& id : lost) {
     Entry& e = jobs_.at(id);
+    const int32_t attempt = HeldAttempt(e);
     server::Log("dispatch")
         ->error(
             "worker={} has not reported job={} attempt={} in {} heartbeats: treating it as lost "
             "there",
-            worker_id, id, e.job.attempt, kHeartbeatMissesToLose);
+            worker_id, id, attempt, kHeartbeatMissesToLose);
     ++repairs_;
-    SendCancel(worker_id, id, e.job.attempt, "not reported by its worker");
+    SendCancel(worker_id, id, attempt, "not reported by its worker");
     scheduler_.Finished(id, now);
     Orphan(e, absl::StrCat("worker ", worker_id, " stopped reporting it"), now);
   }
 
-  // Jobs the worker runs that are not its to run (cancelled, retried elsewhere): stop them.
+  // Jobs the worker runs that are not its to run (cancelled, retried elsewhere): stop them. A
+  // worker also lists the results it has not seen acknowledged, so one heartbeat may cross an
+  // ack on the wire: only a job held in two heartbeats in a row counts.
+  auto session = sessions_.find(worker_id);
+  if (session == sessions_.end()) return;
+  absl::flat_hash_map<std::string, int32_t> not_own;
   for (const auto& [id, attempt] : held) {
     auto it = jobs_.find(id);
     bool current = false;
     if (it != jobs_.end()) {
-      const job::Job& j = it->second.job;
-      current = j.worker_id == worker_id &&
-                ((j.state == JobState::kRunning && j.attempt == attempt) ||
-                 (j.state == JobState::kDispatched && j.attempt + 1 == attempt));
+      const Entry& e = it->second;
+      current = e.job.worker_id == worker_id &&
+                (e.parked != Parked::kNo
+                     ? e.result_waits && e.parked_attempt == attempt
+                     : HeldAttempt(e) == attempt && (e.job.state == JobState::kRunning ||
+                                                     e.job.state == JobState::kDispatched));
     }
-    if (!current) {
+    if (current) continue;
+    auto before = session->second.not_own.find(id);
+    if (before == session->second.not_own.end() || before->second != attempt) {
+      not_own.emplace(id, attempt);
+      continue;
+    }
+    if (it != jobs_.end()) {
+      // The daemon tracks the job, but as someone else's or at another attempt: a real drift.
       server::Log("dispatch")
           ->warn("worker={} runs job={} attempt={} that is not its own: stopping it", worker_id, id,
                  attempt);
       ++repairs_;
-      SendCancel(worker_id, id, attempt, "attempt is no longer current");
+    } else {
+      // The job ended (its cancel may have been lost with an old stream): just stop it.
+      server::Log("dispatch")
+          ->info("worker={} still holds ended job={} attempt={}: stopping it", worker_id, id,
+                 attempt);
     }
+    SendCancel(worker_id, id, attempt, "attempt is no longer current");
   }
+  session->second.not_own = std::move(not_own);
 }
 
 void Dispatcher::Reconcile(absl::Time now) {
@@ -944,7 +1068,37 @@ void Dispatcher::Reconcile(absl::Time now) {
     return;
   }
   absl::flat_hash_map<std::string, const store::JobRef*> placed_rows;
-  for (const store::JobRef& r : *placed) placed_rows[r.job_id] = &r;
+  std::vector<std::string> unknown;  // placed in the database, not known here
+  for (const store::JobRef& r : *placed) {
+    placed_rows[r.job_id] = &r;
+    if (!jobs_.contains(r.job_id) && r.updated_at < now - kReconcileSettle) {
+      unknown.push_back(r.job_id);
+    }
+  }
+  if (!unknown.empty()) {
+    // Its worker may run it: hold it there for the re-attach grace, as after a restart, then
+    // apply on_orphan if the worker does not claim it.
+    absl::StatusOr<std::vector<job::Job>> rows = store_.GetMany(unknown);
+    if (rows.ok()) {
+      for (job::Job& row : *rows) {
+        if (jobs_.contains(row.id) ||
+            (row.state != JobState::kDispatched && row.state != JobState::kRunning)) {
+          continue;
+        }
+        server::Log("dispatch")
+            ->error(
+                "reconcile: job={} is {} on worker={} in the database but not known here: holding "
+                "it for {}",
+                row.id, job::ToString(row.state), row.worker_id,
+                absl::FormatDuration(config_.orphan_grace));
+        ++repairs_;
+        scheduler_.Adopt(ToPlaced(row, row.worker_id));
+        std::string id = row.id;
+        jobs_.emplace(std::move(id),
+                      Entry{.job = std::move(row), .orphan_deadline = now + config_.orphan_grace});
+      }
+    }
+  }
   std::vector<std::string> suspect;
   for (const auto& [id, e] : jobs_) {
     if (e.job.state != JobState::kDispatched && e.job.state != JobState::kRunning) continue;

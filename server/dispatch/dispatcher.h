@@ -10,9 +10,11 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+
 #include "dispatchd/v1/admin_service.pb.h"
 #include "dispatchd/v1/worker_service.pb.h"
 #include "lib/config/config.h"
@@ -111,6 +113,7 @@ class Dispatcher {
     std::string output;  // success
     std::string error;   // failure
     bool retryable = false;
+    bool ack = false;  // a worker's result: acknowledged once written, so the worker keeps it
   };
   // A job the daemon has not seen end.
   struct Entry {
@@ -118,9 +121,15 @@ class Dispatcher {
     absl::Time run_deadline = absl::InfiniteFuture();     // RUNNING: execution timeout
     absl::Time orphan_deadline = absl::InfiniteFuture();  // after a restart: re-attach grace
     int heartbeat_misses = 0;  // RUNNING: heartbeats in a row from its worker without it
+    // DISPATCHED, but its worker accepted attempt job.attempt + 1 and runs it: the RUNNING mark
+    // failed and waits in unmarked_. It counts as running (timeout, heartbeats, on_orphan), and
+    // its outcome settles the row all the same (the store's writes accept the attempt before).
+    bool accepted = false;
     // Its attempt ended but the outcome waits in parked_ for the database: it holds no slot,
     // no timeout runs, and its worker's repeats of the result are not acted on again.
     Parked parked = Parked::kNo;
+    int32_t parked_attempt = 0;
+    bool result_waits = false;  // the parked outcome is its worker's result, not yet acknowledged
   };
   struct Session {
     std::shared_ptr<WorkerLink> link;  // null while disconnected
@@ -129,6 +138,9 @@ class Dispatcher {
     absl::Time connected_at;
     absl::Time last_seen;
     bool throttled = false;  // memory over its throttle threshold, not yet below resume
+    // Jobs its last heartbeat held that were not its to run, by attempt: stopped only if the
+    // next heartbeat still holds them (a result crossing its ack on the wire is not a drift).
+    absl::flat_hash_map<std::string, int32_t> not_own;
   };
 
   void Post(std::function<void()> task) ABSL_LOCKS_EXCLUDED(mu_);
@@ -160,13 +172,25 @@ class Dispatcher {
   void LoseWorker(const std::string& worker_id, const std::string& reason);
   // A job whose worker is gone: DISPATCHED returns to the queue, RUNNING follows on_orphan.
   void Orphan(Entry& entry, const std::string& reason, absl::Time now);
-  // Ends a RUNNING attempt as failed: retried after backoff while attempts remain.
-  void FailAttempt(Entry& entry, int32_t attempt, const std::string& error, bool retryable,
-                   absl::Time now);
+  // Ends a running attempt as failed: retried after backoff while attempts remain. False if the
+  // database refused the write: the outcome is parked (and `ack`, a worker's result, is sent
+  // once it is written).
+  bool FailAttempt(Entry& entry, int32_t attempt, const std::string& error, bool retryable,
+                   absl::Time now, bool ack = false);
+  // A DISPATCHED job that never started goes back to the queue, no attempt consumed.
   void Requeue(Entry& entry, absl::Time not_before);
   // Keeps a failed attempt whose write the database refused, to be written by RetryParked.
-  void Park(Entry& entry, int32_t attempt, const std::string& error, bool retryable);
+  void Park(Entry& entry, int32_t attempt, const std::string& error, bool retryable, bool ack);
   void RetryParked(absl::Time now);
+  // Writes the RUNNING marks that failed (Entry::accepted).
+  void RetryUnmarked();
+  void SendAck(const std::string& worker_id, const std::string& job_id, int32_t attempt);
+  // Whether the job's attempt runs on its worker (RUNNING, or accepted and not yet marked), and
+  // the attempt its worker holds.
+  static bool Runs(const Entry& e) { return e.job.state == job::JobState::kRunning || e.accepted; }
+  static int32_t HeldAttempt(const Entry& e) {
+    return e.job.state == job::JobState::kDispatched ? e.job.attempt + 1 : e.job.attempt;
+  }
   void Finish(const std::string& job_id, job::JobState state, const std::string& result,
               const std::string& error);
   void SendTo(const std::string& worker_id, v1::DaemonMessage msg);
@@ -204,7 +228,8 @@ class Dispatcher {
   int64_t ended_since_publish_ = 0;  // jobs that left jobs_ for good since the last PublishLoad
   absl::flat_hash_map<std::string, Entry> jobs_;
   absl::flat_hash_map<std::string, Session> sessions_;
-  std::vector<std::string> unreturned_;  // DISPATCHED rows a failed write left to return
+  absl::flat_hash_set<std::string> unreturned_;  // DISPATCHED rows a failed write left to return
+  absl::flat_hash_set<std::string> unmarked_;    // accepted jobs whose RUNNING mark failed
   std::vector<ParkedWrite> parked_;       // outcomes to write once the database answers
   absl::Time next_sweep_ = absl::InfinitePast();
   absl::Time next_expiry_ = absl::InfinitePast();

@@ -223,6 +223,66 @@ TEST_F(RecoveryTest, JobRefusedEverywhereExpiresAtItsDispatchDeadline) {
       HasSubstr(absl::StrCat("refused job=", *id, " worker=w1 reason=REASON_RESOURCE_EXHAUSTED")));
 }
 
+// The database refuses the RUNNING mark of an accepted job (injected with a trigger), so the
+// row stays DISPATCHED while the worker runs attempt 1. The worker's retryable failure must still
+// consume that attempt and requeue the job, not be mistaken for a result of a job that moved on
+// (which would leave the row DISPATCHED with nobody to run it).
+TEST_F(RecoveryTest, FailureOfAnAcceptWhoseRunningMarkFailedStillRetries) {
+  auto d = StartDaemon({.types = {{.name = "echo", .max_attempts = 3}}});
+  ASSERT_NE(d, nullptr);
+  FakeWorker w(d->address(), FakeHello("w1"));
+  ASSERT_TRUE(
+      w.Next([](const v1::DaemonMessage& m) { return m.has_welcome(); }, absl::Seconds(10)));
+  pqxx::connection conn(db_->url());
+  {
+    pqxx::nontransaction txn(conn);
+    txn.exec(R"sql(
+CREATE FUNCTION refuse_running() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF NEW.state = 'RUNNING' THEN RAISE EXCEPTION 'injected fault: no RUNNING marks'; END IF;
+  RETURN NEW;
+END $$;
+CREATE TRIGGER refuse_running BEFORE UPDATE ON jobs FOR EACH ROW EXECUTE FUNCTION refuse_running();
+)sql");
+  }
+  absl::StatusOr<std::string> id = d->Submit(Spec("echo", "payload"));
+  ASSERT_TRUE(id.ok()) << id.status();
+  std::optional<v1::Assignment> a1 = w.NextAssignment(absl::Seconds(10));
+  ASSERT_TRUE(a1.has_value());
+  ASSERT_EQ(a1->attempt(), 1);
+  w.SendAccept(*id, 1);
+  ASSERT_TRUE(WaitFor([&] { return absl::StrContains(d->process().Log(), "mark running failed"); },
+                      absl::Seconds(10)));
+  absl::StatusOr<v1::Job> mid = d->Status(*id);
+  ASSERT_TRUE(mid.ok());
+  EXPECT_EQ(mid->state(), v1::JOB_STATE_DISPATCHED) << "the mark was refused";
+
+  v1::WorkerMessage failure;
+  failure.mutable_result()->set_job_id(*id);
+  failure.mutable_result()->set_attempt(1);
+  failure.mutable_result()->mutable_failure()->set_message("CUDA error: out of memory");
+  failure.mutable_result()->mutable_failure()->set_retryable(true);
+  ASSERT_TRUE(w.Send(failure));
+  ASSERT_TRUE(
+      w.Next([](const v1::DaemonMessage& m) { return m.has_result_ack(); }, absl::Seconds(10)));
+  {
+    pqxx::nontransaction txn(conn);
+    txn.exec("DROP TRIGGER refuse_running ON jobs");
+  }
+  // Attempt 1 is spent; the retry runs as attempt 2 once its backoff has passed.
+  std::optional<v1::Assignment> a2 = w.NextAssignment(absl::Seconds(30));
+  ASSERT_TRUE(a2.has_value()) << "the job was never requeued";
+  EXPECT_EQ(a2->job_id(), *id);
+  EXPECT_EQ(a2->attempt(), 2);
+  w.SendAccept(*id, 2);
+  w.SendResult(*id, 2, "done");
+  std::vector<v1::Job> done;
+  ASSERT_TRUE(d->WaitForTerminal({*id}, &done, absl::Seconds(20)));
+  EXPECT_EQ(done[0].state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(done[0].attempt(), 2);
+  EXPECT_EQ(done[0].result(), "done");
+}
+
 // A queued row the leader never heard of (a standby's notification lost, or a row restored by an
 // operator) is found by the recount against the database, and runs.
 TEST_F(RecoveryTest, QueuedRowTheDaemonNeverHeardOfIsFoundAndRun) {
