@@ -34,6 +34,14 @@ struct FinishRequest {
   std::string error;
 };
 
+// One accept to record: DISPATCHED at attempt - 1 -> RUNNING at attempt on worker_id (or a
+// RUNNING row at attempt re-attached).
+struct MarkRequest {
+  std::string job_id;
+  int32_t attempt = 0;
+  std::string worker_id;
+};
+
 // Job counts by type and state (every state, terminal ones included while retained).
 struct TypeStateCount {
   std::string type;
@@ -112,6 +120,13 @@ class JobStore {
   // RUNNING (or DISPATCHED) at `attempt` -> the terminal state in `req`. False if stale: the job
   // ended already or its attempt is no longer current.
   virtual absl::StatusOr<bool> Finish(const FinishRequest& req) = 0;
+
+  // MarkRunning and Finish for many jobs in one statement (one commit); the ids that changed.
+  // A request that is stale is left out, as the single forms would return false for it.
+  virtual absl::StatusOr<std::vector<std::string>> MarkRunningMany(
+      const std::vector<MarkRequest>& marks) = 0;
+  virtual absl::StatusOr<std::vector<std::string>> FinishMany(
+      const std::vector<FinishRequest>& reqs) = 0;
 
   // QUEUED, DISPATCHED or RUNNING -> CANCELLED with `reason` as error. NotFound for an unknown
   // id, FailedPrecondition if the job already ended.

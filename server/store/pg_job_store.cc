@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -148,6 +149,21 @@ WHERE id = $1 AND ((state = 'DISPATCHED' AND attempt = $2::int4 - 1) OR
                    (state = 'RUNNING' AND attempt = $2::int4))
   AND EXISTS (SELECT 1 FROM fence))sql"};
 
+// Many kMarkRunning in one statement: $1 ids, $2 attempts, $3 worker ids (parallel arrays), $4
+// epoch. Returns the ids marked.
+constexpr Statement kMarkRunningMany{"mark_running_many",
+                                     "WITH " DISPATCHD_PG_FENCE(4) R"sql(, req AS (
+  SELECT * FROM unnest($1::text[], $2::int4[], $3::text[]) AS r(id, attempt, worker_id)
+)
+UPDATE jobs SET state = 'RUNNING', attempt = req.attempt, worker_id = req.worker_id,
+                started_at = CASE WHEN jobs.state = 'DISPATCHED' THEN now() ELSE jobs.started_at END,
+                updated_at = now()
+FROM req
+WHERE jobs.id = req.id AND ((jobs.state = 'DISPATCHED' AND jobs.attempt = req.attempt - 1) OR
+                            (jobs.state = 'RUNNING' AND jobs.attempt = req.attempt))
+  AND EXISTS (SELECT 1 FROM fence)
+RETURNING jobs.id)sql"};
+
 // $1 id, $2 attempt, $3 epoch.
 constexpr Statement kReturnToQueue{"return_to_queue", "WITH " DISPATCHD_PG_FENCE(3) R"sql(
 UPDATE jobs SET state = 'QUEUED', worker_id = '', updated_at = now()
@@ -171,6 +187,21 @@ UPDATE jobs SET state = $3, attempt = $2::int4, result = $4, error = $5, finishe
 WHERE id = $1 AND ((state = 'RUNNING' AND attempt = $2::int4) OR
                    (state = 'DISPATCHED' AND attempt = $2::int4 - 1))
   AND EXISTS (SELECT 1 FROM fence))sql"};
+
+// Many kFinish in one statement: $1 ids, $2 attempts, $3 terminal states, $4 results (hex, so
+// that a text array carries any bytes), $5 errors (parallel arrays), $6 epoch. Returns the ids
+// finished.
+constexpr Statement kFinishMany{"finish_many", "WITH " DISPATCHD_PG_FENCE(6) R"sql(, req AS (
+  SELECT * FROM unnest($1::text[], $2::int4[], $3::text[], $4::text[], $5::text[])
+    AS r(id, attempt, state, result_hex, error)
+)
+UPDATE jobs SET state = req.state, attempt = req.attempt, result = decode(req.result_hex, 'hex'),
+                error = req.error, finished_at = now(), updated_at = now()
+FROM req
+WHERE jobs.id = req.id AND ((jobs.state = 'RUNNING' AND jobs.attempt = req.attempt) OR
+                            (jobs.state = 'DISPATCHED' AND jobs.attempt = req.attempt - 1))
+  AND EXISTS (SELECT 1 FROM fence)
+RETURNING jobs.id)sql"};
 
 // $1 id. Run in the transaction that then cancels, so the state read is the state replaced.
 constexpr Statement kLockState{"lock_state", "SELECT state FROM jobs WHERE id = $1 FOR UPDATE"};
@@ -249,9 +280,11 @@ constexpr Statement kAllStatements[] = {
     kLoadActive,
     kClaim,
     kMarkRunning,
+    kMarkRunningMany,
     kReturnToQueue,
     kRetry,
     kFinish,
+    kFinishMany,
     kLockState,
     kCancel,
     kExpireOverdue,
@@ -791,6 +824,67 @@ absl::StatusOr<bool> PgJobStore::Finish(const FinishRequest& req) {
                           DISPATCHD_RETURN_IF_ERROR(FenceHolds(txn, epoch));
                           return false;
                         });
+}
+
+absl::StatusOr<std::vector<std::string>> PgJobStore::MarkRunningMany(
+    const std::vector<MarkRequest>& marks) {
+  if (marks.empty()) return std::vector<std::string>{};
+  std::vector<std::string> ids, workers;
+  std::vector<int32_t> attempts;
+  ids.reserve(marks.size());
+  workers.reserve(marks.size());
+  attempts.reserve(marks.size());
+  for (const MarkRequest& m : marks) {
+    ids.push_back(m.job_id);
+    attempts.push_back(m.attempt);
+    workers.push_back(m.worker_id);
+  }
+  return WithConnection(*pool_, absl::StrCat("mark ", marks.size(), " jobs running"),
+                        [&](pqxx::connection& conn) -> absl::StatusOr<std::vector<std::string>> {
+                          pqxx::nontransaction txn(conn);
+                          const int64_t epoch = fence_.load();
+                          std::vector<std::string> marked = Ids(txn.exec_prepared(
+                              kMarkRunningMany.name, TextArrayLiteral(ids),
+                              IntArrayLiteral(attempts), TextArrayLiteral(workers), epoch));
+                          if (marked.empty()) DISPATCHD_RETURN_IF_ERROR(FenceHolds(txn, epoch));
+                          return marked;
+                        });
+}
+
+absl::StatusOr<std::vector<std::string>> PgJobStore::FinishMany(
+    const std::vector<FinishRequest>& reqs) {
+  if (reqs.empty()) return std::vector<std::string>{};
+  std::vector<std::string> ids, states, results, errors;
+  std::vector<int32_t> attempts;
+  ids.reserve(reqs.size());
+  states.reserve(reqs.size());
+  results.reserve(reqs.size());
+  errors.reserve(reqs.size());
+  attempts.reserve(reqs.size());
+  for (const FinishRequest& r : reqs) {
+    if (!job::IsTerminal(r.state) || r.state == job::JobState::kExpired) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("state: must be SUCCEEDED, FAILED or "
+                       "CANCELLED, got ",
+                       job::ToString(r.state), " for job ", r.job_id));
+    }
+    ids.push_back(r.job_id);
+    attempts.push_back(r.attempt);
+    states.emplace_back(job::ToString(r.state));
+    results.push_back(absl::BytesToHexString(r.result));
+    errors.push_back(r.error);
+  }
+  return WithConnection(
+      *pool_, absl::StrCat("finish ", reqs.size(), " jobs"),
+      [&](pqxx::connection& conn) -> absl::StatusOr<std::vector<std::string>> {
+        pqxx::nontransaction txn(conn);
+        const int64_t epoch = fence_.load();
+        std::vector<std::string> finished = Ids(txn.exec_prepared(
+            kFinishMany.name, TextArrayLiteral(ids), IntArrayLiteral(attempts),
+            TextArrayLiteral(states), TextArrayLiteral(results), TextArrayLiteral(errors), epoch));
+        if (finished.empty()) DISPATCHD_RETURN_IF_ERROR(FenceHolds(txn, epoch));
+        return finished;
+      });
 }
 
 absl::StatusOr<CancelOutcome> PgJobStore::Cancel(const std::string& job_id,

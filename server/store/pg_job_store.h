@@ -66,6 +66,10 @@ class PgJobStore final : public JobStore {
   // accept) also finishes, and takes `req.attempt`. InvalidArgument unless `req.state` is
   // SUCCEEDED, FAILED or CANCELLED.
   absl::StatusOr<bool> Finish(const FinishRequest& req) override;
+  absl::StatusOr<std::vector<std::string>> MarkRunningMany(
+      const std::vector<MarkRequest>& marks) override;
+  absl::StatusOr<std::vector<std::string>> FinishMany(
+      const std::vector<FinishRequest>& reqs) override;
   absl::StatusOr<CancelOutcome> Cancel(const std::string& job_id,
                                        const std::string& reason) override;
   absl::StatusOr<std::vector<std::string>> ExpireOverdue(absl::Time now,

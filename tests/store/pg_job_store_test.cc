@@ -600,6 +600,61 @@ TEST_F(PgJobStoreTest, FinishRefusesNonTerminalState) {
               StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
+TEST_F(PgJobStoreTest, MarkRunningManyMarksCurrentAcceptsAndSkipsStaleOnes) {
+  for (const char* id : {"j_1", "j_2", "j_3"}) Insert(MakeJob(id));
+  ASSERT_THAT(store_->Claim({{.job_id = "j_1", .attempt = 0, .worker_id = "w1"},
+                             {.job_id = "j_2", .attempt = 0, .worker_id = "w2"}}),
+              IsOkAndHolds(UnorderedElementsAre("j_1", "j_2")));
+  // j_2 at a stale attempt, j_3 still queued, j_missing unknown: only j_1 moves.
+  EXPECT_THAT(store_->MarkRunningMany({{.job_id = "j_1", .attempt = 1, .worker_id = "w1"},
+                                       {.job_id = "j_2", .attempt = 2, .worker_id = "w2"},
+                                       {.job_id = "j_3", .attempt = 1, .worker_id = "w1"},
+                                       {.job_id = "j_missing", .attempt = 1, .worker_id = "w1"}}),
+              IsOkAndHolds(ElementsAre("j_1")));
+  Job j1 = Get("j_1");
+  EXPECT_EQ(j1.state, JobState::kRunning);
+  EXPECT_EQ(j1.attempt, 1);
+  EXPECT_EQ(j1.worker_id, "w1");
+  EXPECT_NE(j1.started_at, absl::InfinitePast());
+  EXPECT_EQ(Get("j_2").state, JobState::kDispatched);
+  EXPECT_EQ(Get("j_3").state, JobState::kQueued);
+  // Re-attaching a running row at its attempt keeps it running.
+  EXPECT_THAT(store_->MarkRunningMany({{.job_id = "j_1", .attempt = 1, .worker_id = "w1"}}),
+              IsOkAndHolds(ElementsAre("j_1")));
+  EXPECT_THAT(store_->MarkRunningMany({}), IsOkAndHolds(IsEmpty()));
+}
+
+TEST_F(PgJobStoreTest, FinishManyRecordsEachOutcomeOnceIncludingOnesThatOvertookTheirAccept) {
+  InsertRunning("j_run");
+  Insert(MakeJob("j_disp"));
+  Insert(MakeJob("j_fail"));
+  ASSERT_THAT(store_->Claim({{.job_id = "j_disp", .attempt = 0, .worker_id = "w1"},
+                             {.job_id = "j_fail", .attempt = 0, .worker_id = "w1"}}),
+              IsOkAndHolds(UnorderedElementsAre("j_disp", "j_fail")));
+  const std::string binary("\x00\x01\xff\\x'\"{},", 10);
+  std::vector<FinishRequest> reqs = {
+      {.job_id = "j_run", .attempt = 1, .state = JobState::kSucceeded, .result = binary},
+      {.job_id = "j_disp", .attempt = 1, .state = JobState::kSucceeded, .result = ""},
+      {.job_id = "j_fail", .attempt = 1, .state = JobState::kFailed, .error = "bad \"input\""},
+      {.job_id = "j_run", .attempt = 2, .state = JobState::kSucceeded, .result = "stale"}};
+  EXPECT_THAT(store_->FinishMany(reqs),
+              IsOkAndHolds(UnorderedElementsAre("j_run", "j_disp", "j_fail")));
+  Job run = Get("j_run");
+  EXPECT_EQ(run.state, JobState::kSucceeded);
+  EXPECT_EQ(run.result, binary);
+  EXPECT_NE(run.finished_at, absl::InfinitePast());
+  Job disp = Get("j_disp");
+  EXPECT_EQ(disp.state, JobState::kSucceeded);
+  EXPECT_EQ(disp.attempt, 1);
+  Job failed = Get("j_fail");
+  EXPECT_EQ(failed.state, JobState::kFailed);
+  EXPECT_EQ(failed.error, "bad \"input\"");
+  // Each job completes at most once.
+  EXPECT_THAT(store_->FinishMany(reqs), IsOkAndHolds(IsEmpty()));
+  EXPECT_THAT(store_->FinishMany({{.job_id = "j_x", .attempt = 1, .state = JobState::kExpired}}),
+              StatusIs(absl::StatusCode::kInvalidArgument, "state"));
+}
+
 TEST_F(PgJobStoreTest, CancelQueuedJob) {
   Insert(MakeJob("j_1"));
   absl::StatusOr<CancelOutcome> outcome = store_->Cancel("j_1", "user asked");

@@ -133,6 +133,12 @@ TEST_F(PgLeaderLeaseTest, DeposedLeadersJobWritesAreFenced) {
       StatusIs(absl::StatusCode::kFailedPrecondition, "fenced"));
   EXPECT_THAT(store_->Retry("j1", 1, absl::InfinitePast(), "x").status(),
               StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(store_->MarkRunningMany({{.job_id = "j1", .attempt = 1, .worker_id = "w1"}}).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "fenced"));
+  EXPECT_THAT(
+      store_->FinishMany({{.job_id = "j1", .attempt = 1, .state = job::JobState::kSucceeded}})
+          .status(),
+      StatusIs(absl::StatusCode::kFailedPrecondition, "fenced"));
   absl::StatusOr<std::vector<std::string>> expired = store_->ExpireOverdue(absl::Now(), "late");
   ASSERT_TRUE(expired.ok());
   EXPECT_THAT(*expired, IsEmpty());
