@@ -299,6 +299,7 @@ void Dispatcher::Loop() {
     }
     for (std::function<void()>& task : batch) task();
     const absl::Time now = clock_.TimeNow();
+    FlushWrites(now);
     if (now >= next_sweep_) {
       Sweep(now);
       next_sweep_ = now + kSweepInterval;
@@ -517,7 +518,6 @@ void Dispatcher::Sweep(absl::Time now) {
       Requeue(it->second, it->second.job.spec.not_before);
     }
   }
-  if (!unmarked_.empty()) RetryUnmarked();
 
   if (now >= next_expiry_) {
     next_expiry_ = now + kExpiryInterval;
@@ -650,29 +650,15 @@ void Dispatcher::OnAccept(const std::string& worker_id, const v1::Accept& accept
     if (j.state == JobState::kDispatched && j.worker_id == worker_id &&
         j.attempt + 1 == accept.attempt()) {
       if (!e.accepted) {
+        // From here it counts as running; the RUNNING mark is written with the others of this
+        // round (FlushWrites), or not at all if its result comes first.
         j.started_at = now;
         e.run_deadline = now + j.spec.timeout;
         e.heartbeat_misses = 0;
-      }
-      absl::StatusOr<bool> marked = store_.MarkRunning(j.id, accept.attempt(), worker_id);
-      if (!marked.ok()) {
-        // The worker runs it: count it as running, and write the mark once the database
-        // answers. Its outcome settles the row even if the mark never lands.
-        server::Log("dispatch")
-            ->warn("mark running failed job={} status={}; retrying", j.id,
-                   marked.status().ToString());
         e.accepted = true;
         unmarked_.insert(j.id);
-        return;
       }
-      if (*marked) {
-        j.state = JobState::kRunning;
-        j.attempt = accept.attempt();
-        e.accepted = false;
-        unmarked_.erase(j.id);
-        events_.Publish(j.id, JobState::kRunning);
-        return;
-      }
+      return;
     }
   }
   // Not this worker's attempt to run (cancelled, expired, re-dispatched): stop it.
@@ -729,34 +715,19 @@ void Dispatcher::OnResult(const std::string& worker_id, const v1::Result& result
       return;  // parked: acknowledged once written
     }
   } else {
-    absl::StatusOr<bool> done = store_.Finish(store::FinishRequest{
-        .job_id = job_id, .attempt = result.attempt(), .state = JobState::kSucceeded,
-        .result = result.output()});
-    if (!done.ok()) {
-      // Not durable yet: no ack (the worker keeps the result), and the write is tried again on
-      // each sweep. The attempt has ended on the worker, so its slot is free.
-      server::Log("dispatch")->warn("finish failed job={} status={}; retrying", job_id,
-                                    done.status().ToString());
-      scheduler_.Finished(job_id, now, ran);
-      e.parked = Parked::kSuccess;
-      e.parked_attempt = result.attempt();
-      e.result_waits = true;
-      e.run_deadline = absl::InfiniteFuture();
-      unmarked_.erase(job_id);
-      parked_.push_back(ParkedWrite{.job_id = job_id,
-                                    .attempt = result.attempt(),
-                                    .worker_id = worker_id,
-                                    .output = result.output()});
-      return;
-    }
+    // Written with the others of this round (FlushWrites), and acknowledged once written: until
+    // then the worker keeps the result. The attempt has ended on the worker: its slot is free.
     scheduler_.Finished(job_id, now, ran);
-    jobs_.erase(it);
-    ++ended_since_publish_;
-    unmarked_.erase(job_id);
-    if (*done) {
-      LogFinished(job_id, JobState::kSucceeded, result.attempt());
-      events_.Publish(job_id, JobState::kSucceeded);
-    }
+    e.parked = Parked::kSuccess;
+    e.parked_attempt = result.attempt();
+    e.result_waits = true;
+    e.run_deadline = absl::InfiniteFuture();
+    parked_.push_back(ParkedWrite{.job_id = job_id,
+                                  .attempt = result.attempt(),
+                                  .worker_id = worker_id,
+                                  .output = result.output()});
+    ++unwritten_successes_;
+    return;
   }
   SendTo(worker_id, std::move(ack));
 }
@@ -880,6 +851,7 @@ void Dispatcher::Park(Entry& entry, int32_t attempt, const std::string& error, b
 }
 
 void Dispatcher::RetryParked(absl::Time now) {
+  // Failed attempts only: successes are FlushWrites' (they stay in parked_).
   std::vector<ParkedWrite> parked;
   parked.swap(parked_);
   bool store_away = false;  // after one write fails, leave the rest for the next sweep
@@ -891,54 +863,97 @@ void Dispatcher::RetryParked(absl::Time now) {
       continue;
     }
     Entry& e = it->second;
-    if (p.failed) {
-      e.parked = Parked::kNo;
-      e.result_waits = false;
-      if (FailAttempt(e, p.attempt, p.error, p.retryable, now, p.ack)) {
-        if (p.ack) SendAck(p.worker_id, p.job_id, p.attempt);
-      } else {
-        store_away = true;  // parked again
-      }
+    if (!p.failed) {
+      parked_.push_back(std::move(p));  // FlushWrites writes these
       continue;
     }
-    absl::StatusOr<bool> done = store_.Finish(store::FinishRequest{.job_id = p.job_id,
-                                                                   .attempt = p.attempt,
-                                                                   .state = JobState::kSucceeded,
-                                                                   .result = p.output});
-    if (!done.ok()) {
-      store_away = true;
-      parked_.push_back(std::move(p));
-      continue;
+    e.parked = Parked::kNo;
+    e.result_waits = false;
+    if (FailAttempt(e, p.attempt, p.error, p.retryable, now, p.ack)) {
+      if (p.ack) SendAck(p.worker_id, p.job_id, p.attempt);
+    } else {
+      store_away = true;  // parked again
     }
-    jobs_.erase(it);
-    ++ended_since_publish_;
-    if (*done) {
-      server::Log("dispatch")->info("result recorded after a retry job={}", p.job_id);
-      LogFinished(p.job_id, JobState::kSucceeded, p.attempt);
-      events_.Publish(p.job_id, JobState::kSucceeded);
-    }
-    SendAck(p.worker_id, p.job_id, p.attempt);
   }
 }
 
-void Dispatcher::RetryUnmarked() {
-  std::vector<std::string> ids(unmarked_.begin(), unmarked_.end());
-  for (const std::string& id : ids) {
-    auto it = jobs_.find(id);
-    if (it == jobs_.end() || !it->second.accepted || it->second.parked != Parked::kNo) {
-      unmarked_.erase(id);
-      continue;
+void Dispatcher::FlushWrites(absl::Time now) {
+  if (now < writes_paused_until_ || (unwritten_successes_ == 0 && unmarked_.empty())) return;
+  // Results first: a job whose result is in hand needs no RUNNING mark (the finish accepts the
+  // row still DISPATCHED at the attempt before), so a fast job costs one write, not two.
+  if (unwritten_successes_ > 0) {
+    std::vector<store::FinishRequest> reqs;
+    std::vector<ParkedWrite> batch, rest;
+    for (ParkedWrite& p : parked_) {
+      auto it = jobs_.find(p.job_id);
+      if (p.failed || it == jobs_.end() || it->second.parked != Parked::kSuccess ||
+          it->second.parked_attempt != p.attempt) {
+        if (p.failed) rest.push_back(std::move(p));  // settled otherwise, or a failure
+        continue;
+      }
+      reqs.push_back(store::FinishRequest{.job_id = p.job_id,
+                                          .attempt = p.attempt,
+                                          .state = JobState::kSucceeded,
+                                          .result = p.output});
+      batch.push_back(std::move(p));
     }
-    job::Job& j = it->second.job;
-    absl::StatusOr<bool> marked = store_.MarkRunning(id, j.attempt + 1, j.worker_id);
-    if (!marked.ok()) return;  // still away: all of them wait for the next sweep
-    unmarked_.erase(id);
-    it->second.accepted = false;
-    if (!*marked) continue;  // the row moved on: the reconcile settles the entry
-    j.state = JobState::kRunning;
-    j.attempt += 1;
-    server::Log("dispatch")->info("running mark recorded after a retry job={}", id);
-    events_.Publish(id, JobState::kRunning);
+    absl::StatusOr<std::vector<std::string>> done = store_.FinishMany(reqs);
+    if (!done.ok()) {
+      server::Log("dispatch")
+          ->warn("finish failed jobs={} status={}; retrying", reqs.size(),
+                 done.status().ToString());
+      writes_paused_until_ = now + kStoreErrorPause;
+      for (ParkedWrite& p : batch) rest.push_back(std::move(p));
+      parked_ = std::move(rest);
+      unwritten_successes_ = static_cast<int64_t>(batch.size());
+      return;
+    }
+    parked_ = std::move(rest);
+    unwritten_successes_ = 0;
+    absl::flat_hash_set<std::string> finished(done->begin(), done->end());
+    for (const ParkedWrite& p : batch) {
+      if (jobs_.erase(p.job_id) > 0) ++ended_since_publish_;
+      unmarked_.erase(p.job_id);
+      if (finished.contains(p.job_id)) {  // else the row had moved on: nothing to record
+        LogFinished(p.job_id, JobState::kSucceeded, p.attempt);
+        events_.Publish(p.job_id, JobState::kSucceeded);
+      }
+      SendAck(p.worker_id, p.job_id, p.attempt);
+    }
+  }
+  if (!unmarked_.empty()) {
+    std::vector<store::MarkRequest> marks;
+    for (const std::string& id : unmarked_) {
+      auto it = jobs_.find(id);
+      if (it == jobs_.end() || !it->second.accepted || it->second.parked != Parked::kNo) continue;
+      const job::Job& j = it->second.job;
+      marks.push_back(
+          store::MarkRequest{.job_id = id, .attempt = j.attempt + 1, .worker_id = j.worker_id});
+    }
+    absl::StatusOr<std::vector<std::string>> marked = store_.MarkRunningMany(marks);
+    if (!marked.ok()) {
+      // The workers run them all the same: they count as running, and their outcomes settle the
+      // rows even if the marks never land.
+      server::Log("dispatch")
+          ->warn("mark running failed jobs={} status={}; retrying", marks.size(),
+                 marked.status().ToString());
+      writes_paused_until_ = now + kStoreErrorPause;
+      return;
+    }
+    unmarked_.clear();
+    absl::flat_hash_set<std::string> running(marked->begin(), marked->end());
+    for (const store::MarkRequest& m : marks) {
+      Entry& e = jobs_.at(m.job_id);
+      e.accepted = false;
+      if (!running.contains(m.job_id)) {
+        // The row moved on (a standby cancelled it): the reconcile settles the entry.
+        SendCancel(m.worker_id, m.job_id, m.attempt, "attempt is no longer current");
+        continue;
+      }
+      e.job.state = JobState::kRunning;
+      e.job.attempt = m.attempt;
+      events_.Publish(m.job_id, JobState::kRunning);
+    }
   }
 }
 

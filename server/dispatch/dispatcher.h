@@ -122,8 +122,9 @@ class Dispatcher {
     absl::Time orphan_deadline = absl::InfiniteFuture();  // after a restart: re-attach grace
     int heartbeat_misses = 0;  // RUNNING: heartbeats in a row from its worker without it
     // DISPATCHED, but its worker accepted attempt job.attempt + 1 and runs it: the RUNNING mark
-    // failed and waits in unmarked_. It counts as running (timeout, heartbeats, on_orphan), and
-    // its outcome settles the row all the same (the store's writes accept the attempt before).
+    // waits in unmarked_ (for the end of the round, or for the database to answer again). It counts
+    // as running (timeout, heartbeats, on_orphan), and its outcome settles the row all the same
+    // (the store's writes accept the attempt before).
     bool accepted = false;
     // Its attempt ended but the outcome waits in parked_ for the database: it holds no slot,
     // no timeout runs, and its worker's repeats of the result are not acted on again.
@@ -182,8 +183,10 @@ class Dispatcher {
   // Keeps a failed attempt whose write the database refused, to be written by RetryParked.
   void Park(Entry& entry, int32_t attempt, const std::string& error, bool retryable, bool ack);
   void RetryParked(absl::Time now);
-  // Writes the RUNNING marks that failed (Entry::accepted).
-  void RetryUnmarked();
+  // Group commit: writes the results and RUNNING marks this round gathered, each kind in one
+  // statement, then acknowledges the results. On an error they wait kStoreErrorPause and go
+  // again; the entries keep counting as running or ended meanwhile.
+  void FlushWrites(absl::Time now);
   void SendAck(const std::string& worker_id, const std::string& job_id, int32_t attempt);
   // Whether the job's attempt runs on its worker (RUNNING, or accepted and not yet marked), and
   // the attempt its worker holds.
@@ -229,7 +232,9 @@ class Dispatcher {
   absl::flat_hash_map<std::string, Entry> jobs_;
   absl::flat_hash_map<std::string, Session> sessions_;
   absl::flat_hash_set<std::string> unreturned_;  // DISPATCHED rows a failed write left to return
-  absl::flat_hash_set<std::string> unmarked_;    // accepted jobs whose RUNNING mark failed
+  absl::flat_hash_set<std::string> unmarked_;    // accepted jobs whose RUNNING mark is not written
+  int64_t unwritten_successes_ = 0;              // kSuccess entries of parked_ to write
+  absl::Time writes_paused_until_ = absl::InfinitePast();
   std::vector<ParkedWrite> parked_;       // outcomes to write once the database answers
   absl::Time next_sweep_ = absl::InfinitePast();
   absl::Time next_expiry_ = absl::InfinitePast();
