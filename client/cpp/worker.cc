@@ -150,7 +150,6 @@ struct Worker::Session {
 struct Worker::RunningJob {
   JobKey key;
   std::shared_ptr<JobContext> context;
-  std::thread thread;
   // Not re-adopted after a reconnect: cancelled, and its outcome is not reported.
   bool drop_result = false;
 };
@@ -209,7 +208,13 @@ Worker::~Worker() {
     mu_.Await(absl::Condition(
         +[](std::map<JobKey, std::shared_ptr<RunningJob>>* r) { return r->empty(); }, &running_));
   }
-  JoinFinishedThreads();
+  std::vector<std::thread> threads;
+  {
+    absl::MutexLock l(&pool_mu_);
+    pool_stopping_ = true;
+    threads.swap(handler_threads_);
+  }
+  for (std::thread& t : threads) t.join();
 }
 
 int Worker::RunningJobsForTest() const {
@@ -227,14 +232,40 @@ bool Worker::DrainDoneLocked() const {
          (unacked_.empty() || absl::Now() >= jobs_done_at_ + options_.drain_result_timeout);
 }
 
-void Worker::JoinFinishedThreads() {
-  std::vector<std::thread> threads;
-  {
-    absl::MutexLock l(&mu_);
-    threads.swap(finished_threads_);
+bool Worker::StartJob(std::shared_ptr<RunningJob> job) {
+  absl::MutexLock l(&pool_mu_);
+  ready_.push_back(std::move(job));
+  if (idle_handlers_ >= static_cast<int>(ready_.size())) return true;
+  try {
+    handler_threads_.emplace_back(&Worker::HandlerLoop, this);
+    ++idle_handlers_;
+  } catch (const std::system_error&) {
+    if (handler_threads_.empty()) {
+      ready_.pop_back();
+      return false;
+    }
+    // A thread that exists takes the job when its current one ends.
   }
-  for (std::thread& t : threads) {
-    if (t.joinable()) t.join();
+  return true;
+}
+
+void Worker::HandlerLoop() {
+  while (true) {
+    std::shared_ptr<RunningJob> job;
+    {
+      absl::MutexLock l(&pool_mu_);
+      auto work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(pool_mu_) {
+        return pool_stopping_ || !ready_.empty();
+      };
+      pool_mu_.Await(absl::Condition(&work));
+      if (ready_.empty()) return;  // stopping
+      job = std::move(ready_.front());
+      ready_.pop_front();
+      --idle_handlers_;
+    }
+    RunJob(std::move(job));
+    absl::MutexLock l(&pool_mu_);
+    ++idle_handlers_;
   }
 }
 
@@ -261,7 +292,6 @@ absl::Status Worker::Run() {
     }
     std::string redirect_to;
     const SessionEnd end = RunSession(target, &redirect_to);
-    JoinFinishedThreads();
     if (end == SessionEnd::kRedirected && !redirect_to.empty() && redirect_to != target) {
       // A standby named the leader: go there at once (a later failure starts the list again).
       log->info("redirected worker={} from={} to leader={}", options_.worker_id, target,
@@ -289,7 +319,6 @@ absl::Status Worker::Run() {
     log->info("reconnecting worker={} in={}", options_.worker_id, absl::FormatDuration(delay));
     mu_.AwaitWithTimeout(absl::Condition(&stop), delay);
   }
-  JoinFinishedThreads();
   absl::MutexLock l(&mu_);
   if (unacked_.empty()) {
     log->info("stopped worker={} reason={}", options_.worker_id, shutdown_ ? "shutdown" : "drained");
@@ -543,20 +572,16 @@ void Worker::HandleAssign(const std::shared_ptr<Session>& session, const v1::Ass
           log->warn("accept not delivered job={} attempt={}", a.job_id(), a.attempt());
           break;
         }
-        try {
-          job->thread = std::thread(&Worker::RunJob, this, job);
-        } catch (const std::system_error& e) {
+        if (!StartJob(job)) {
           running_.erase(key);
           v1::WorkerMessage result;
           v1::Result* r = result.mutable_result();
           r->set_job_id(key.first);
           r->set_attempt(key.second);
-          r->mutable_failure()->set_message(absl::StrCat("worker could not start a thread: ",
-                                                         e.what()));
+          r->mutable_failure()->set_message("worker could not start a handler thread");
           r->mutable_failure()->set_retryable(true);
           unacked_[key] = result;
-          log->error("thread start failed job={} attempt={} error={}", key.first, key.second,
-                     e.what());
+          log->error("thread start failed job={} attempt={}", key.first, key.second);
           break;
         }
         log->info("accepted job={} attempt={} type={} running={}", a.job_id(), a.attempt(),
@@ -646,7 +671,6 @@ void Worker::SessionTimerLoop(std::shared_ptr<Session> session) {
       drained = DrainDoneLocked();
       if (!drained) heartbeat = HeartbeatLocked();
     }
-    JoinFinishedThreads();
     if (drained) {
       log->info("drained worker={}: closing the stream", options_.worker_id);
       // Drain() announces itself too, but may lose the race with this thread; a repeat is harmless.
@@ -714,7 +738,6 @@ void Worker::RunJob(std::shared_ptr<RunningJob> job) {
   bool dropped;
   {
     absl::MutexLock l(&mu_);
-    finished_threads_.push_back(std::move(job->thread));
     running_.erase(key);
     dropped = job->drop_result;
     if (!dropped) {

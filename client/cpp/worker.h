@@ -9,11 +9,13 @@
 //
 // The worker is the authority on its own capacity: an assignment is accepted only while fewer than
 // `max_concurrent` jobs execute, and refused RESOURCE_EXHAUSTED otherwise, whatever the daemon
-// believes. Each handler runs on its own thread. Results are kept until the daemon acknowledges them
-// and are sent again after every reconnect; jobs keep running while the stream is down, and the
-// worker reconnects with jittered exponential backoff until Shutdown().
+// believes. Each handler runs on a thread of its own while it runs (threads are reused). Results
+// are kept until the daemon acknowledges them and are sent again after every reconnect; jobs keep
+// running while the stream is down, and the worker reconnects with jittered exponential backoff
+// until Shutdown().
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -29,6 +31,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+
 #include "dispatchd/v1/worker_service.grpc.pb.h"
 
 namespace dispatchd::client {
@@ -184,11 +187,14 @@ class Worker {
   void HandleCancel(const v1::CancelJob& cancel) ABSL_LOCKS_EXCLUDED(mu_);
   // Heartbeats and the welcome and drain watchdogs of one session.
   void SessionTimerLoop(std::shared_ptr<Session> session) ABSL_LOCKS_EXCLUDED(mu_);
-  // Body of a job's thread.
+  // Runs one job's handler and reports its outcome.
   void RunJob(std::shared_ptr<RunningJob> job) ABSL_LOCKS_EXCLUDED(mu_);
+  // Hands a job to an idle handler thread, starting one if none is idle. False if no thread
+  // exists and none could be started.
+  bool StartJob(std::shared_ptr<RunningJob> job) ABSL_LOCKS_EXCLUDED(pool_mu_);
+  void HandlerLoop() ABSL_LOCKS_EXCLUDED(pool_mu_);
   v1::WorkerMessage HeartbeatLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool DrainDoneLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void JoinFinishedThreads() ABSL_LOCKS_EXCLUDED(mu_);
 
   const WorkerOptions options_;
   const Handler handler_;
@@ -211,8 +217,15 @@ class Worker {
   std::map<JobKey, std::shared_ptr<RunningJob>> running_ ABSL_GUARDED_BY(mu_);
   // Results sent (or to send) and not yet acknowledged, in key order.
   std::map<JobKey, v1::WorkerMessage> unacked_ ABSL_GUARDED_BY(mu_);
-  // Threads of jobs that ended, to be joined.
-  std::vector<std::thread> finished_threads_ ABSL_GUARDED_BY(mu_);
+
+  // Handler threads, started as jobs need them (at most one per job running at once) and kept
+  // for the next jobs: starting a thread per job would cost more than a short job itself.
+  // Taken after mu_, never before it.
+  absl::Mutex pool_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  std::deque<std::shared_ptr<RunningJob>> ready_ ABSL_GUARDED_BY(pool_mu_);
+  std::vector<std::thread> handler_threads_ ABSL_GUARDED_BY(pool_mu_);
+  int idle_handlers_ ABSL_GUARDED_BY(pool_mu_) = 0;
+  bool pool_stopping_ ABSL_GUARDED_BY(pool_mu_) = false;
 };
 
 }  // namespace dispatchd::client
