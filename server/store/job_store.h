@@ -42,6 +42,17 @@ struct MarkRequest {
   std::string worker_id;
 };
 
+// What one dispatcher turn writes, and what of it took effect.
+struct TurnWrites {
+  std::vector<FinishRequest> finishes;
+  std::vector<MarkRequest> marks;
+  std::vector<ClaimRequest> claims;
+  bool empty() const { return finishes.empty() && marks.empty() && claims.empty(); }
+};
+struct TurnOutcome {
+  std::vector<std::string> finished, marked, claimed;  // ids, as FinishMany, ... return them
+};
+
 // Job counts by type and state (every state, terminal ones included while retained).
 struct TypeStateCount {
   std::string type;
@@ -127,6 +138,9 @@ class JobStore {
       const std::vector<MarkRequest>& marks) = 0;
   virtual absl::StatusOr<std::vector<std::string>> FinishMany(
       const std::vector<FinishRequest>& reqs) = 0;
+  // FinishMany, MarkRunningMany and Claim in one transaction: one commit (one WAL flush) for a
+  // whole turn. The three must name disjoint jobs. All or nothing.
+  virtual absl::StatusOr<TurnOutcome> WriteTurn(const TurnWrites& writes) = 0;
 
   // QUEUED, DISPATCHED or RUNNING -> CANCELLED with `reason` as error. NotFound for an unknown
   // id, FailedPrecondition if the job already ended.

@@ -732,26 +732,72 @@ absl::StatusOr<std::vector<job::Job>> PgJobStore::LoadActive() {
                         });
 }
 
-absl::StatusOr<std::vector<std::string>> PgJobStore::Claim(
-    const std::vector<ClaimRequest>& claims) {
-  if (claims.empty()) return std::vector<std::string>{};
+namespace {
+
+// Runs kClaim, kMarkRunningMany or kFinishMany in `txn`; the ids that changed.
+std::vector<std::string> ExecClaims(pqxx::transaction_base& txn,
+                                    const std::vector<ClaimRequest>& claims, int64_t epoch) {
   std::vector<std::string> ids, workers;
   std::vector<int32_t> attempts;
-  ids.reserve(claims.size());
-  workers.reserve(claims.size());
-  attempts.reserve(claims.size());
   for (const ClaimRequest& c : claims) {
     ids.push_back(c.job_id);
     attempts.push_back(c.attempt);
     workers.push_back(c.worker_id);
   }
+  return Ids(txn.exec_prepared(kClaim.name, TextArrayLiteral(ids), IntArrayLiteral(attempts),
+                               TextArrayLiteral(workers), epoch));
+}
+
+std::vector<std::string> ExecMarks(pqxx::transaction_base& txn,
+                                   const std::vector<MarkRequest>& marks, int64_t epoch) {
+  std::vector<std::string> ids, workers;
+  std::vector<int32_t> attempts;
+  for (const MarkRequest& m : marks) {
+    ids.push_back(m.job_id);
+    attempts.push_back(m.attempt);
+    workers.push_back(m.worker_id);
+  }
+  return Ids(txn.exec_prepared(kMarkRunningMany.name, TextArrayLiteral(ids),
+                               IntArrayLiteral(attempts), TextArrayLiteral(workers), epoch));
+}
+
+absl::Status CheckFinishStates(const std::vector<FinishRequest>& reqs) {
+  for (const FinishRequest& r : reqs) {
+    if (!job::IsTerminal(r.state) || r.state == job::JobState::kExpired) {
+      return absl::InvalidArgumentError(absl::StrCat("state: must be SUCCEEDED, FAILED or ",
+                                                     "CANCELLED, got ", job::ToString(r.state),
+                                                     " for job ", r.job_id));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::string> ExecFinishes(pqxx::transaction_base& txn,
+                                      const std::vector<FinishRequest>& reqs, int64_t epoch) {
+  std::vector<std::string> ids, states, results, errors;
+  std::vector<int32_t> attempts;
+  for (const FinishRequest& r : reqs) {
+    ids.push_back(r.job_id);
+    attempts.push_back(r.attempt);
+    states.emplace_back(job::ToString(r.state));
+    results.push_back(absl::BytesToHexString(r.result));
+    errors.push_back(r.error);
+  }
+  return Ids(txn.exec_prepared(kFinishMany.name, TextArrayLiteral(ids), IntArrayLiteral(attempts),
+                               TextArrayLiteral(states), TextArrayLiteral(results),
+                               TextArrayLiteral(errors), epoch));
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::string>> PgJobStore::Claim(
+    const std::vector<ClaimRequest>& claims) {
+  if (claims.empty()) return std::vector<std::string>{};
   return WithConnection(*pool_, absl::StrCat("claim ", claims.size(), " jobs"),
                         [&](pqxx::connection& conn) -> absl::StatusOr<std::vector<std::string>> {
                           pqxx::nontransaction txn(conn);
                           const int64_t epoch = fence_.load();
-                          std::vector<std::string> claimed = Ids(txn.exec_prepared(
-                              kClaim.name, TextArrayLiteral(ids), IntArrayLiteral(attempts),
-                              TextArrayLiteral(workers), epoch));
+                          std::vector<std::string> claimed = ExecClaims(txn, claims, epoch);
                           if (claimed.empty()) DISPATCHD_RETURN_IF_ERROR(FenceHolds(txn, epoch));
                           return claimed;
                         });
@@ -829,23 +875,11 @@ absl::StatusOr<bool> PgJobStore::Finish(const FinishRequest& req) {
 absl::StatusOr<std::vector<std::string>> PgJobStore::MarkRunningMany(
     const std::vector<MarkRequest>& marks) {
   if (marks.empty()) return std::vector<std::string>{};
-  std::vector<std::string> ids, workers;
-  std::vector<int32_t> attempts;
-  ids.reserve(marks.size());
-  workers.reserve(marks.size());
-  attempts.reserve(marks.size());
-  for (const MarkRequest& m : marks) {
-    ids.push_back(m.job_id);
-    attempts.push_back(m.attempt);
-    workers.push_back(m.worker_id);
-  }
   return WithConnection(*pool_, absl::StrCat("mark ", marks.size(), " jobs running"),
                         [&](pqxx::connection& conn) -> absl::StatusOr<std::vector<std::string>> {
                           pqxx::nontransaction txn(conn);
                           const int64_t epoch = fence_.load();
-                          std::vector<std::string> marked = Ids(txn.exec_prepared(
-                              kMarkRunningMany.name, TextArrayLiteral(ids),
-                              IntArrayLiteral(attempts), TextArrayLiteral(workers), epoch));
+                          std::vector<std::string> marked = ExecMarks(txn, marks, epoch);
                           if (marked.empty()) DISPATCHD_RETURN_IF_ERROR(FenceHolds(txn, epoch));
                           return marked;
                         });
@@ -854,37 +888,39 @@ absl::StatusOr<std::vector<std::string>> PgJobStore::MarkRunningMany(
 absl::StatusOr<std::vector<std::string>> PgJobStore::FinishMany(
     const std::vector<FinishRequest>& reqs) {
   if (reqs.empty()) return std::vector<std::string>{};
-  std::vector<std::string> ids, states, results, errors;
-  std::vector<int32_t> attempts;
-  ids.reserve(reqs.size());
-  states.reserve(reqs.size());
-  results.reserve(reqs.size());
-  errors.reserve(reqs.size());
-  attempts.reserve(reqs.size());
-  for (const FinishRequest& r : reqs) {
-    if (!job::IsTerminal(r.state) || r.state == job::JobState::kExpired) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("state: must be SUCCEEDED, FAILED or "
-                       "CANCELLED, got ",
-                       job::ToString(r.state), " for job ", r.job_id));
-    }
-    ids.push_back(r.job_id);
-    attempts.push_back(r.attempt);
-    states.emplace_back(job::ToString(r.state));
-    results.push_back(absl::BytesToHexString(r.result));
-    errors.push_back(r.error);
-  }
-  return WithConnection(
-      *pool_, absl::StrCat("finish ", reqs.size(), " jobs"),
-      [&](pqxx::connection& conn) -> absl::StatusOr<std::vector<std::string>> {
-        pqxx::nontransaction txn(conn);
-        const int64_t epoch = fence_.load();
-        std::vector<std::string> finished = Ids(txn.exec_prepared(
-            kFinishMany.name, TextArrayLiteral(ids), IntArrayLiteral(attempts),
-            TextArrayLiteral(states), TextArrayLiteral(results), TextArrayLiteral(errors), epoch));
-        if (finished.empty()) DISPATCHD_RETURN_IF_ERROR(FenceHolds(txn, epoch));
-        return finished;
-      });
+  DISPATCHD_RETURN_IF_ERROR(CheckFinishStates(reqs));
+  return WithConnection(*pool_, absl::StrCat("finish ", reqs.size(), " jobs"),
+                        [&](pqxx::connection& conn) -> absl::StatusOr<std::vector<std::string>> {
+                          pqxx::nontransaction txn(conn);
+                          const int64_t epoch = fence_.load();
+                          std::vector<std::string> finished = ExecFinishes(txn, reqs, epoch);
+                          if (finished.empty()) DISPATCHD_RETURN_IF_ERROR(FenceHolds(txn, epoch));
+                          return finished;
+                        });
+}
+
+absl::StatusOr<TurnOutcome> PgJobStore::WriteTurn(const TurnWrites& writes) {
+  if (writes.empty()) return TurnOutcome{};
+  DISPATCHD_RETURN_IF_ERROR(CheckFinishStates(writes.finishes));
+  return WithConnection(*pool_,
+                        absl::StrCat("write a turn (finish ", writes.finishes.size(), ", mark ",
+                                     writes.marks.size(), ", claim ", writes.claims.size(), ")"),
+                        [&](pqxx::connection& conn) -> absl::StatusOr<TurnOutcome> {
+                          pqxx::work txn(conn);
+                          const int64_t epoch = fence_.load();
+                          TurnOutcome out;
+                          if (!writes.finishes.empty())
+                            out.finished = ExecFinishes(txn, writes.finishes, epoch);
+                          if (!writes.marks.empty())
+                            out.marked = ExecMarks(txn, writes.marks, epoch);
+                          if (!writes.claims.empty())
+                            out.claimed = ExecClaims(txn, writes.claims, epoch);
+                          if (out.finished.empty() && out.marked.empty() && out.claimed.empty()) {
+                            DISPATCHD_RETURN_IF_ERROR(FenceHolds(txn, epoch));
+                          }
+                          txn.commit();
+                          return out;
+                        });
 }
 
 absl::StatusOr<CancelOutcome> PgJobStore::Cancel(const std::string& job_id,

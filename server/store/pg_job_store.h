@@ -70,6 +70,7 @@ class PgJobStore final : public JobStore {
       const std::vector<MarkRequest>& marks) override;
   absl::StatusOr<std::vector<std::string>> FinishMany(
       const std::vector<FinishRequest>& reqs) override;
+  absl::StatusOr<TurnOutcome> WriteTurn(const TurnWrites& writes) override;
   absl::StatusOr<CancelOutcome> Cancel(const std::string& job_id,
                                        const std::string& reason) override;
   absl::StatusOr<std::vector<std::string>> ExpireOverdue(absl::Time now,

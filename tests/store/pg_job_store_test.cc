@@ -655,6 +655,36 @@ TEST_F(PgJobStoreTest, FinishManyRecordsEachOutcomeOnceIncludingOnesThatOvertook
               StatusIs(absl::StatusCode::kInvalidArgument, "state"));
 }
 
+TEST_F(PgJobStoreTest, WriteTurnFinishesMarksAndClaimsInOneTransaction) {
+  InsertRunning("j_done");
+  for (const char* id : {"j_acc", "j_new", "j_taken"}) Insert(MakeJob(id));
+  ASSERT_THAT(store_->Claim({{.job_id = "j_acc", .attempt = 0, .worker_id = "w1"},
+                             {.job_id = "j_taken", .attempt = 0, .worker_id = "w9"}}),
+              IsOkAndHolds(UnorderedElementsAre("j_acc", "j_taken")));
+  absl::StatusOr<TurnOutcome> out =
+      store_->WriteTurn({.finishes = {{.job_id = "j_done", .attempt = 1, .result = "ok"}},
+                         .marks = {{.job_id = "j_acc", .attempt = 1, .worker_id = "w1"}},
+                         .claims = {{.job_id = "j_new", .attempt = 0, .worker_id = "w2"},
+                                    {.job_id = "j_taken", .attempt = 0, .worker_id = "w2"}}});
+  ASSERT_THAT(out, IsOk());
+  EXPECT_THAT(out->finished, ElementsAre("j_done"));
+  EXPECT_THAT(out->marked, ElementsAre("j_acc"));
+  EXPECT_THAT(out->claimed, ElementsAre("j_new"));  // j_taken is no longer queued
+  EXPECT_EQ(Get("j_done").state, JobState::kSucceeded);
+  EXPECT_EQ(Get("j_done").result, "ok");
+  EXPECT_EQ(Get("j_acc").state, JobState::kRunning);
+  EXPECT_EQ(Get("j_new").state, JobState::kDispatched);
+  EXPECT_EQ(Get("j_new").worker_id, "w2");
+  EXPECT_EQ(Get("j_taken").worker_id, "w9");
+  // A bad request fails the whole turn before anything is written.
+  EXPECT_THAT(store_->WriteTurn(
+                  {.finishes = {{.job_id = "j_acc", .attempt = 1, .state = JobState::kQueued}},
+                   .marks = {},
+                   .claims = {}}),
+              StatusIs(absl::StatusCode::kInvalidArgument, "state"));
+  EXPECT_THAT(store_->WriteTurn({}), IsOk());
+}
+
 TEST_F(PgJobStoreTest, CancelQueuedJob) {
   Insert(MakeJob("j_1"));
   absl::StatusOr<CancelOutcome> outcome = store_->Cancel("j_1", "user asked");
