@@ -32,6 +32,11 @@ constexpr int kHeartbeatMissesToLose = 2;
 // only when the change is older.
 constexpr absl::Duration kReconcileSettle = absl::Seconds(5);
 
+// An accept's RUNNING mark waits this long before it is written: a job whose result comes first
+// (most short jobs) needs no mark at all, since the finish accepts the row still DISPATCHED.
+// Status shows such a job DISPATCHED for at most this long after its worker started it.
+constexpr absl::Duration kRunningMarkDelay = absl::Milliseconds(50);
+
 const char kExpiredError[] = "capacity: no worker took the job before its dispatch deadline";
 
 }  // namespace
@@ -286,7 +291,7 @@ void Dispatcher::Loop() {
     {
       absl::MutexLock l(&mu_);
       const absl::Time now = clock_.TimeNow();
-      absl::Time wake = std::min(next_sweep_, scheduler_.NextWakeup(now));
+      absl::Time wake = std::min({next_sweep_, next_flush_, scheduler_.NextWakeup(now)});
       absl::Duration wait = std::clamp(wake - now, absl::ZeroDuration(), kSweepInterval);
       mu_.AwaitWithTimeout(absl::Condition(
                                +[](Dispatcher* d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(d->mu_) {
@@ -299,12 +304,11 @@ void Dispatcher::Loop() {
     }
     for (std::function<void()>& task : batch) task();
     const absl::Time now = clock_.TimeNow();
-    FlushWrites(now);
     if (now >= next_sweep_) {
       Sweep(now);
       next_sweep_ = now + kSweepInterval;
     }
-    DispatchReady(now);
+    CommitTurn(now);
     PublishLoad(now);
   }
 }
@@ -364,8 +368,7 @@ bool Dispatcher::SetRateLimit(const std::string& rate_key, config::RateLimit lim
 }
 
 void Dispatcher::DispatchReady(absl::Time now) {
-  if (now < dispatch_paused_until_) return;
-  while (true) {
+  while (now >= dispatch_paused_until_) {
     std::vector<sched::Dispatch> decisions = scheduler_.Decide(now, kMaxDispatchesPerRound);
     if (decisions.empty()) return;
     std::vector<store::ClaimRequest> claims;
@@ -377,62 +380,71 @@ void Dispatcher::DispatchReady(absl::Time now) {
     if (!claimed.ok()) {
       server::Log("dispatch")->warn("claim failed jobs={} status={}", claims.size(),
                                     claimed.status().ToString());
-      for (const sched::Dispatch& d : decisions) {
-        scheduler_.Retract(d.job_id);
-        if (auto it = jobs_.find(d.job_id); it != jobs_.end()) {
-          scheduler_.Enqueue(ToPending(it->second.job));
-        }
-      }
-      dispatch_paused_until_ = now + kStoreErrorPause;
+      RetractClaims(decisions, now);
       return;
     }
-    absl::flat_hash_set<std::string> won(claimed->begin(), claimed->end());
-    absl::flat_hash_map<std::string, v1::DaemonMessage> assigns;
-    for (const sched::Dispatch& d : decisions) {
-      auto it = jobs_.find(d.job_id);
-      if (won.contains(d.job_id) && it == jobs_.end()) {
-        // Claimed a job this loop no longer tracks: a bug, but the row must not stay DISPATCHED
-        // with nobody to run it. Give it back; the reconcile queues it again.
-        server::Log("dispatch")
-            ->error("claimed job={} that is not tracked here: returning it", d.job_id);
-        ++repairs_;
-        scheduler_.Retract(d.job_id);
-        if (absl::StatusOr<bool> back = store_.ReturnToQueue(d.job_id, d.attempt); !back.ok()) {
-          server::Log("dispatch")
-              ->warn("return to queue failed job={} status={}", d.job_id, back.status().ToString());
-        }
-        continue;
-      }
-      if (!won.contains(d.job_id) || it == jobs_.end()) {
-        // The row moved on (cancelled) or another session holds it: try again shortly if the
-        // job is still ours to run.
-        scheduler_.Retract(d.job_id);
-        if (it != jobs_.end()) {
-          sched::PendingJob p = ToPending(it->second.job);
-          p.not_before = std::max(p.not_before, now + absl::Milliseconds(100));
-          scheduler_.Enqueue(std::move(p));
-        }
-        continue;
-      }
-      job::Job& j = it->second.job;
-      j.state = JobState::kDispatched;
-      j.worker_id = d.worker_id;
-      v1::Assignment* a = assigns[d.worker_id].mutable_assign()->add_assignments();
-      a->set_job_id(j.id);
-      a->set_attempt(j.attempt + 1);
-      a->set_type(j.spec.type);
-      a->set_payload(j.spec.payload);
-      a->set_resource_id(j.spec.resource_id);
-      convert::ToProto(now + j.spec.timeout, a->mutable_deadline());
-      if (const config::JobTypeConfig* t = TypeOf(j)) a->set_model(t->model);
-      events_.Publish(j.id, JobState::kDispatched);
-    }
-    for (auto& [worker_id, msg] : assigns) {
-      server::Log("dispatch")->debug("assign worker={} jobs={}", worker_id,
-                                     msg.assign().assignments_size());
-      SendTo(worker_id, std::move(msg));
-    }
+    ApplyClaims(decisions, *claimed, now);
     if (decisions.size() < kMaxDispatchesPerRound) return;
+  }
+}
+
+void Dispatcher::RetractClaims(const std::vector<sched::Dispatch>& decisions, absl::Time now) {
+  for (const sched::Dispatch& d : decisions) {
+    scheduler_.Retract(d.job_id);
+    if (auto it = jobs_.find(d.job_id); it != jobs_.end()) {
+      scheduler_.Enqueue(ToPending(it->second.job));
+    }
+  }
+  dispatch_paused_until_ = now + kStoreErrorPause;
+}
+
+void Dispatcher::ApplyClaims(const std::vector<sched::Dispatch>& decisions,
+                             const std::vector<std::string>& claimed, absl::Time now) {
+  absl::flat_hash_set<std::string> won(claimed.begin(), claimed.end());
+  absl::flat_hash_map<std::string, v1::DaemonMessage> assigns;
+  for (const sched::Dispatch& d : decisions) {
+    auto it = jobs_.find(d.job_id);
+    if (won.contains(d.job_id) && it == jobs_.end()) {
+      // Claimed a job this loop no longer tracks: a bug, but the row must not stay DISPATCHED
+      // with nobody to run it. Give it back; the reconcile queues it again.
+      server::Log("dispatch")
+          ->error("claimed job={} that is not tracked here: returning it", d.job_id);
+      ++repairs_;
+      scheduler_.Retract(d.job_id);
+      if (absl::StatusOr<bool> back = store_.ReturnToQueue(d.job_id, d.attempt); !back.ok()) {
+        server::Log("dispatch")
+            ->warn("return to queue failed job={} status={}", d.job_id, back.status().ToString());
+      }
+      continue;
+    }
+    if (!won.contains(d.job_id) || it == jobs_.end()) {
+      // The row moved on (cancelled) or another session holds it: try again shortly if the
+      // job is still ours to run.
+      scheduler_.Retract(d.job_id);
+      if (it != jobs_.end()) {
+        sched::PendingJob p = ToPending(it->second.job);
+        p.not_before = std::max(p.not_before, now + absl::Milliseconds(100));
+        scheduler_.Enqueue(std::move(p));
+      }
+      continue;
+    }
+    job::Job& j = it->second.job;
+    j.state = JobState::kDispatched;
+    j.worker_id = d.worker_id;
+    v1::Assignment* a = assigns[d.worker_id].mutable_assign()->add_assignments();
+    a->set_job_id(j.id);
+    a->set_attempt(j.attempt + 1);
+    a->set_type(j.spec.type);
+    a->set_payload(j.spec.payload);
+    a->set_resource_id(j.spec.resource_id);
+    convert::ToProto(now + j.spec.timeout, a->mutable_deadline());
+    if (const config::JobTypeConfig* t = TypeOf(j)) a->set_model(t->model);
+    events_.Publish(j.id, JobState::kDispatched);
+  }
+  for (auto& [worker_id, msg] : assigns) {
+    server::Log("dispatch")
+        ->debug("assign worker={} jobs={}", worker_id, msg.assign().assignments_size());
+    SendTo(worker_id, std::move(msg));
   }
 }
 
@@ -651,7 +663,7 @@ void Dispatcher::OnAccept(const std::string& worker_id, const v1::Accept& accept
         j.attempt + 1 == accept.attempt()) {
       if (!e.accepted) {
         // From here it counts as running; the RUNNING mark is written with the others of this
-        // round (FlushWrites), or not at all if its result comes first.
+        // round (CommitTurn), or not at all if its result comes first.
         j.started_at = now;
         e.run_deadline = now + j.spec.timeout;
         e.heartbeat_misses = 0;
@@ -715,7 +727,7 @@ void Dispatcher::OnResult(const std::string& worker_id, const v1::Result& result
       return;  // parked: acknowledged once written
     }
   } else {
-    // Written with the others of this round (FlushWrites), and acknowledged once written: until
+    // Written with the others of this round (CommitTurn), and acknowledged once written: until
     // then the worker keeps the result. The attempt has ended on the worker: its slot is free.
     scheduler_.Finished(job_id, now, ran);
     e.parked = Parked::kSuccess;
@@ -851,7 +863,7 @@ void Dispatcher::Park(Entry& entry, int32_t attempt, const std::string& error, b
 }
 
 void Dispatcher::RetryParked(absl::Time now) {
-  // Failed attempts only: successes are FlushWrites' (they stay in parked_).
+  // Failed attempts only: successes are CommitTurn' (they stay in parked_).
   std::vector<ParkedWrite> parked;
   parked.swap(parked_);
   bool store_away = false;  // after one write fails, leave the rest for the next sweep
@@ -864,7 +876,7 @@ void Dispatcher::RetryParked(absl::Time now) {
     }
     Entry& e = it->second;
     if (!p.failed) {
-      parked_.push_back(std::move(p));  // FlushWrites writes these
+      parked_.push_back(std::move(p));  // CommitTurn writes these
       continue;
     }
     e.parked = Parked::kNo;
@@ -877,83 +889,151 @@ void Dispatcher::RetryParked(absl::Time now) {
   }
 }
 
-void Dispatcher::FlushWrites(absl::Time now) {
-  if (now < writes_paused_until_ || (unwritten_successes_ == 0 && unmarked_.empty())) return;
-  // Results first: a job whose result is in hand needs no RUNNING mark (the finish accepts the
-  // row still DISPATCHED at the attempt before), so a fast job costs one write, not two.
-  if (unwritten_successes_ > 0) {
-    std::vector<store::FinishRequest> reqs;
-    std::vector<ParkedWrite> batch, rest;
-    for (ParkedWrite& p : parked_) {
-      auto it = jobs_.find(p.job_id);
-      if (p.failed || it == jobs_.end() || it->second.parked != Parked::kSuccess ||
-          it->second.parked_attempt != p.attempt) {
-        if (p.failed) rest.push_back(std::move(p));  // settled otherwise, or a failure
-        continue;
-      }
-      reqs.push_back(store::FinishRequest{.job_id = p.job_id,
-                                          .attempt = p.attempt,
-                                          .state = JobState::kSucceeded,
-                                          .result = p.output});
-      batch.push_back(std::move(p));
-    }
-    absl::StatusOr<std::vector<std::string>> done = store_.FinishMany(reqs);
-    if (!done.ok()) {
-      server::Log("dispatch")
-          ->warn("finish failed jobs={} status={}; retrying", reqs.size(),
-                 done.status().ToString());
-      writes_paused_until_ = now + kStoreErrorPause;
-      for (ParkedWrite& p : batch) rest.push_back(std::move(p));
-      parked_ = std::move(rest);
-      unwritten_successes_ = static_cast<int64_t>(batch.size());
-      return;
-    }
-    parked_ = std::move(rest);
-    unwritten_successes_ = 0;
-    absl::flat_hash_set<std::string> finished(done->begin(), done->end());
-    for (const ParkedWrite& p : batch) {
-      if (jobs_.erase(p.job_id) > 0) ++ended_since_publish_;
-      unmarked_.erase(p.job_id);
-      if (finished.contains(p.job_id)) {  // else the row had moved on: nothing to record
-        LogFinished(p.job_id, JobState::kSucceeded, p.attempt);
-        events_.Publish(p.job_id, JobState::kSucceeded);
-      }
-      SendAck(p.worker_id, p.job_id, p.attempt);
-    }
+void Dispatcher::CommitTurn(absl::Time now) {
+  store::TurnWrites writes;
+  std::vector<ParkedWrite> successes;
+  next_flush_ = absl::InfiniteFuture();
+  if (now < writes_paused_until_) {
+    if (unwritten_successes_ > 0 || !unmarked_.empty()) next_flush_ = writes_paused_until_;
+  } else {
+    // Results first: a job whose result is in hand needs no RUNNING mark (the finish accepts
+    // the row still DISPATCHED at the attempt before), so a short job costs one write, not two.
+    TakeSuccesses(&writes.finishes, &successes);
+    TakeDueMarks(now, &writes.marks);
   }
-  if (!unmarked_.empty()) {
-    std::vector<store::MarkRequest> marks;
-    for (const std::string& id : unmarked_) {
-      auto it = jobs_.find(id);
-      if (it == jobs_.end() || !it->second.accepted || it->second.parked != Parked::kNo) continue;
-      const job::Job& j = it->second.job;
-      marks.push_back(
-          store::MarkRequest{.job_id = id, .attempt = j.attempt + 1, .worker_id = j.worker_id});
-    }
-    absl::StatusOr<std::vector<std::string>> marked = store_.MarkRunningMany(marks);
-    if (!marked.ok()) {
-      // The workers run them all the same: they count as running, and their outcomes settle the
-      // rows even if the marks never land.
-      server::Log("dispatch")
-          ->warn("mark running failed jobs={} status={}; retrying", marks.size(),
-                 marked.status().ToString());
-      writes_paused_until_ = now + kStoreErrorPause;
-      return;
-    }
-    unmarked_.clear();
-    absl::flat_hash_set<std::string> running(marked->begin(), marked->end());
-    for (const store::MarkRequest& m : marks) {
-      Entry& e = jobs_.at(m.job_id);
-      e.accepted = false;
-      if (!running.contains(m.job_id)) {
-        // The row moved on (a standby cancelled it): the reconcile settles the entry.
-        SendCancel(m.worker_id, m.job_id, m.attempt, "attempt is no longer current");
-        continue;
+  std::vector<sched::Dispatch> decisions;
+  if (now >= dispatch_paused_until_) decisions = scheduler_.Decide(now, kMaxDispatchesPerRound);
+  for (const sched::Dispatch& d : decisions) {
+    writes.claims.push_back(store::ClaimRequest{d.job_id, d.attempt, d.worker_id});
+  }
+  if (writes.empty()) return;
+
+  absl::StatusOr<store::TurnOutcome> out = store_.WriteTurn(writes);
+  if (!out.ok()) {
+    server::Log("dispatch")
+        ->warn("write failed finishes={} marks={} claims={} status={}", writes.finishes.size(),
+               writes.marks.size(), writes.claims.size(), out.status().ToString());
+    // One kind of write the database refuses (a row a trigger or constraint rejects) must not
+    // hold up the others: try each kind on its own before giving up on it.
+    const int kinds = !writes.finishes.empty() + !writes.marks.empty() + !writes.claims.empty();
+    absl::Status finished = out.status(), marked = out.status(), claimed = out.status();
+    store::TurnOutcome alone;
+    if (kinds > 1 && !absl::IsUnavailable(out.status())) {
+      if (!writes.finishes.empty()) {
+        absl::StatusOr<std::vector<std::string>> f = store_.FinishMany(writes.finishes);
+        finished = f.status();
+        if (f.ok()) alone.finished = *std::move(f);
       }
-      e.job.state = JobState::kRunning;
-      e.job.attempt = m.attempt;
-      events_.Publish(m.job_id, JobState::kRunning);
+      if (!writes.marks.empty()) {
+        absl::StatusOr<std::vector<std::string>> m = store_.MarkRunningMany(writes.marks);
+        marked = m.status();
+        if (m.ok()) alone.marked = *std::move(m);
+      }
+      if (!writes.claims.empty()) {
+        absl::StatusOr<std::vector<std::string>> c = store_.Claim(writes.claims);
+        claimed = c.status();
+        if (c.ok()) alone.claimed = *std::move(c);
+      }
     }
+    if (finished.ok()) {
+      ApplyFinishes(successes, alone.finished);
+    } else if (!writes.finishes.empty()) {
+      // The results wait, unacknowledged (their workers keep them).
+      writes_paused_until_ = now + kStoreErrorPause;
+      unwritten_successes_ += static_cast<int64_t>(successes.size());
+      for (ParkedWrite& p : successes) parked_.push_back(std::move(p));
+    }
+    if (marked.ok()) {
+      ApplyMarks(writes.marks, alone.marked);
+    } else if (!writes.marks.empty()) {
+      // The accepted jobs count as running meanwhile: their outcomes settle the rows even if
+      // no mark ever lands.
+      writes_paused_until_ = now + kStoreErrorPause;
+    }
+    if (claimed.ok()) {
+      ApplyClaims(decisions, alone.claimed, now);
+    } else if (!decisions.empty()) {
+      RetractClaims(decisions, now);
+    }
+    if (writes_paused_until_ > now) next_flush_ = writes_paused_until_;
+    return;
+  }
+  ApplyFinishes(successes, out->finished);
+  ApplyMarks(writes.marks, out->marked);
+  ApplyClaims(decisions, out->claimed, now);
+  // A full round: more may be ready; they go in rounds of their own.
+  if (decisions.size() == kMaxDispatchesPerRound) DispatchReady(now);
+}
+
+void Dispatcher::TakeSuccesses(std::vector<store::FinishRequest>* reqs,
+                               std::vector<ParkedWrite>* taken) {
+  if (unwritten_successes_ == 0) return;
+  std::vector<ParkedWrite> rest;
+  for (ParkedWrite& p : parked_) {
+    auto it = jobs_.find(p.job_id);
+    if (p.failed || it == jobs_.end() || it->second.parked != Parked::kSuccess ||
+        it->second.parked_attempt != p.attempt) {
+      if (p.failed) rest.push_back(std::move(p));  // a failure, or a success settled otherwise
+      continue;
+    }
+    reqs->push_back(store::FinishRequest{.job_id = p.job_id,
+                                         .attempt = p.attempt,
+                                         .state = JobState::kSucceeded,
+                                         .result = p.output});
+    taken->push_back(std::move(p));
+  }
+  parked_ = std::move(rest);
+  unwritten_successes_ = 0;
+}
+
+void Dispatcher::TakeDueMarks(absl::Time now, std::vector<store::MarkRequest>* marks) {
+  std::vector<std::string> gone;
+  for (const std::string& id : unmarked_) {
+    auto it = jobs_.find(id);
+    if (it == jobs_.end() || !it->second.accepted || it->second.parked != Parked::kNo) {
+      gone.push_back(id);
+      continue;
+    }
+    const job::Job& j = it->second.job;
+    if (const absl::Time due = j.started_at + kRunningMarkDelay; due > now) {
+      next_flush_ = std::min(next_flush_, due);
+      continue;
+    }
+    marks->push_back(
+        store::MarkRequest{.job_id = id, .attempt = j.attempt + 1, .worker_id = j.worker_id});
+  }
+  for (const std::string& id : gone) unmarked_.erase(id);
+}
+
+void Dispatcher::ApplyFinishes(const std::vector<ParkedWrite>& written,
+                               const std::vector<std::string>& finished_ids) {
+  absl::flat_hash_set<std::string> finished(finished_ids.begin(), finished_ids.end());
+  for (const ParkedWrite& p : written) {
+    if (jobs_.erase(p.job_id) > 0) ++ended_since_publish_;
+    unmarked_.erase(p.job_id);
+    if (finished.contains(p.job_id)) {  // else the row had moved on: nothing to record
+      LogFinished(p.job_id, JobState::kSucceeded, p.attempt);
+      events_.Publish(p.job_id, JobState::kSucceeded);
+    }
+    SendAck(p.worker_id, p.job_id, p.attempt);
+  }
+}
+
+void Dispatcher::ApplyMarks(const std::vector<store::MarkRequest>& marks,
+                            const std::vector<std::string>& marked_ids) {
+  absl::flat_hash_set<std::string> running(marked_ids.begin(), marked_ids.end());
+  for (const store::MarkRequest& m : marks) {
+    unmarked_.erase(m.job_id);
+    Entry& e = jobs_.at(m.job_id);
+    e.accepted = false;
+    if (!running.contains(m.job_id)) {
+      // The row moved on (a standby cancelled it): the reconcile settles the entry.
+      SendCancel(m.worker_id, m.job_id, m.attempt, "attempt is no longer current");
+      continue;
+    }
+    e.job.state = JobState::kRunning;
+    e.job.attempt = m.attempt;
+    events_.Publish(m.job_id, JobState::kRunning);
   }
 }
 

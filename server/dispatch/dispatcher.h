@@ -183,10 +183,25 @@ class Dispatcher {
   // Keeps a failed attempt whose write the database refused, to be written by RetryParked.
   void Park(Entry& entry, int32_t attempt, const std::string& error, bool retryable, bool ack);
   void RetryParked(absl::Time now);
-  // Group commit: writes the results and RUNNING marks this round gathered, each kind in one
-  // statement, then acknowledges the results. On an error they wait kStoreErrorPause and go
-  // again; the entries keep counting as running or ended meanwhile.
-  void FlushWrites(absl::Time now);
+  // Group commit: the results and RUNNING marks this turn gathered and the claims of its
+  // dispatch decisions, written in one transaction (store::JobStore::WriteTurn); then the results
+  // are acknowledged and the claimed jobs assigned. On an error the results and marks wait
+  // kStoreErrorPause and go again (the entries keep counting as running or ended meanwhile),
+  // and the decisions are retracted.
+  void CommitTurn(absl::Time now);
+  // Moves the successes waiting in parked_ into `reqs` (and `taken`).
+  void TakeSuccesses(std::vector<store::FinishRequest>* reqs, std::vector<ParkedWrite>* taken);
+  // The RUNNING marks that are due (kRunningMarkDelay after their accept).
+  void TakeDueMarks(absl::Time now, std::vector<store::MarkRequest>* marks);
+  void ApplyFinishes(const std::vector<ParkedWrite>& written,
+                     const std::vector<std::string>& finished_ids);
+  void ApplyMarks(const std::vector<store::MarkRequest>& marks,
+                  const std::vector<std::string>& marked_ids);
+  // Assigns the claimed jobs to their workers; the rest go back to the queue.
+  void ApplyClaims(const std::vector<sched::Dispatch>& decisions,
+                   const std::vector<std::string>& claimed, absl::Time now);
+  // The claim of `decisions` failed: back to the queue, and dispatching pauses.
+  void RetractClaims(const std::vector<sched::Dispatch>& decisions, absl::Time now);
   void SendAck(const std::string& worker_id, const std::string& job_id, int32_t attempt);
   // Whether the job's attempt runs on its worker (RUNNING, or accepted and not yet marked), and
   // the attempt its worker holds.
@@ -235,6 +250,8 @@ class Dispatcher {
   absl::flat_hash_set<std::string> unmarked_;    // accepted jobs whose RUNNING mark is not written
   int64_t unwritten_successes_ = 0;              // kSuccess entries of parked_ to write
   absl::Time writes_paused_until_ = absl::InfinitePast();
+  // When CommitTurn must run next: a RUNNING mark falls due, or a paused write may go again.
+  absl::Time next_flush_ = absl::InfiniteFuture();
   std::vector<ParkedWrite> parked_;       // outcomes to write once the database answers
   absl::Time next_sweep_ = absl::InfinitePast();
   absl::Time next_expiry_ = absl::InfinitePast();

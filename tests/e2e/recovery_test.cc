@@ -251,8 +251,9 @@ CREATE TRIGGER refuse_running BEFORE UPDATE ON jobs FOR EACH ROW EXECUTE FUNCTIO
   ASSERT_TRUE(a1.has_value());
   ASSERT_EQ(a1->attempt(), 1);
   w.SendAccept(*id, 1);
-  ASSERT_TRUE(WaitFor([&] { return absl::StrContains(d->process().Log(), "mark running failed"); },
-                      absl::Seconds(10)));
+  ASSERT_TRUE(
+      WaitFor([&] { return absl::StrContains(d->process().Log(), "marks=1 claims=0 status="); },
+              absl::Seconds(10)));
   absl::StatusOr<v1::Job> mid = d->Status(*id);
   ASSERT_TRUE(mid.ok());
   EXPECT_EQ(mid->state(), v1::JOB_STATE_DISPATCHED) << "the mark was refused";
