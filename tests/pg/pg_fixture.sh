@@ -11,7 +11,9 @@
 # The data lives in a fresh `mktemp -d /tmp/dispatchd-test-pg.XXXXXX` directory rather than under
 # the build tree, which may sit where the server's user cannot enter (e.g. /root). A server that a
 # previous, interrupted run recorded in STATE_DIR is stopped before a new one starts.
-# Environment: DISPATCHD_PG_BIN overrides the server binaries' directory.
+# Environment: DISPATCHD_PG_BIN overrides the server binaries' directory; DISPATCHD_PG_DURABLE=1
+# keeps PostgreSQL's durable defaults (fsync, synchronous_commit, full_page_writes on), as a
+# production server runs, for benchmarks.
 set -euo pipefail
 
 PG_BIN=${DISPATCHD_PG_BIN:-/usr/lib/postgresql/15/bin}
@@ -118,11 +120,13 @@ start() {
   echo "$datadir" >"$state/datadir"
   echo "$run_user" >"$state/user"
 
+  local durability="-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+  [[ ${DISPATCHD_PG_DURABLE:-0} == 1 ]] && durability=""
   # The port is free when picked but may be taken before the server binds it: retry on a new one.
   for ((attempt = 1; attempt <= 5; attempt++)); do
     port=$(free_port) || die "no free TCP port found on 127.0.0.1"
     if run_as "$tmpdir" "$PG_BIN/pg_ctl" -D "$datadir" -l "$log" -w -t 60 \
-      -o "-c listen_addresses=127.0.0.1 -p $port -c unix_socket_directories=$datadir -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=300 -c shared_buffers=128MB" \
+      -o "-c listen_addresses=127.0.0.1 -p $port -c unix_socket_directories=$datadir $durability -c max_connections=300 -c shared_buffers=128MB" \
       start >/dev/null; then
       echo "$port" >"$state/port"
       echo "postgresql://dispatchd@127.0.0.1:$port/postgres" >"$state/url.tmp"
