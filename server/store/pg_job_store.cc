@@ -788,19 +788,30 @@ std::vector<std::string> ExecFinishes(pqxx::transaction_base& txn,
                                TextArrayLiteral(errors), epoch));
 }
 
+// Runs `exec(txn, epoch)`, a fenced batch write returning the ids it changed, in a statement of
+// its own; when it changed nothing, tells "fenced" from "every request was stale".
+template <typename Exec>
+absl::StatusOr<std::vector<std::string>> FencedBatch(ConnectionPool& pool,
+                                                     const std::atomic<int64_t>& fence,
+                                                     std::string what, Exec exec) {
+  return WithConnection(pool, what,
+                        [&](pqxx::connection& conn) -> absl::StatusOr<std::vector<std::string>> {
+                          pqxx::nontransaction txn(conn);
+                          const int64_t epoch = fence.load();
+                          std::vector<std::string> changed = exec(txn, epoch);
+                          if (changed.empty()) DISPATCHD_RETURN_IF_ERROR(FenceHolds(txn, epoch));
+                          return changed;
+                        });
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<std::string>> PgJobStore::Claim(
     const std::vector<ClaimRequest>& claims) {
   if (claims.empty()) return std::vector<std::string>{};
-  return WithConnection(*pool_, absl::StrCat("claim ", claims.size(), " jobs"),
-                        [&](pqxx::connection& conn) -> absl::StatusOr<std::vector<std::string>> {
-                          pqxx::nontransaction txn(conn);
-                          const int64_t epoch = fence_.load();
-                          std::vector<std::string> claimed = ExecClaims(txn, claims, epoch);
-                          if (claimed.empty()) DISPATCHD_RETURN_IF_ERROR(FenceHolds(txn, epoch));
-                          return claimed;
-                        });
+  return FencedBatch(
+      *pool_, fence_, absl::StrCat("claim ", claims.size(), " jobs"),
+      [&](pqxx::transaction_base& txn, int64_t epoch) { return ExecClaims(txn, claims, epoch); });
 }
 
 absl::StatusOr<bool> PgJobStore::MarkRunning(const std::string& job_id, int32_t attempt,
@@ -875,28 +886,18 @@ absl::StatusOr<bool> PgJobStore::Finish(const FinishRequest& req) {
 absl::StatusOr<std::vector<std::string>> PgJobStore::MarkRunningMany(
     const std::vector<MarkRequest>& marks) {
   if (marks.empty()) return std::vector<std::string>{};
-  return WithConnection(*pool_, absl::StrCat("mark ", marks.size(), " jobs running"),
-                        [&](pqxx::connection& conn) -> absl::StatusOr<std::vector<std::string>> {
-                          pqxx::nontransaction txn(conn);
-                          const int64_t epoch = fence_.load();
-                          std::vector<std::string> marked = ExecMarks(txn, marks, epoch);
-                          if (marked.empty()) DISPATCHD_RETURN_IF_ERROR(FenceHolds(txn, epoch));
-                          return marked;
-                        });
+  return FencedBatch(
+      *pool_, fence_, absl::StrCat("mark ", marks.size(), " jobs running"),
+      [&](pqxx::transaction_base& txn, int64_t epoch) { return ExecMarks(txn, marks, epoch); });
 }
 
 absl::StatusOr<std::vector<std::string>> PgJobStore::FinishMany(
     const std::vector<FinishRequest>& reqs) {
   if (reqs.empty()) return std::vector<std::string>{};
   DISPATCHD_RETURN_IF_ERROR(CheckFinishStates(reqs));
-  return WithConnection(*pool_, absl::StrCat("finish ", reqs.size(), " jobs"),
-                        [&](pqxx::connection& conn) -> absl::StatusOr<std::vector<std::string>> {
-                          pqxx::nontransaction txn(conn);
-                          const int64_t epoch = fence_.load();
-                          std::vector<std::string> finished = ExecFinishes(txn, reqs, epoch);
-                          if (finished.empty()) DISPATCHD_RETURN_IF_ERROR(FenceHolds(txn, epoch));
-                          return finished;
-                        });
+  return FencedBatch(
+      *pool_, fence_, absl::StrCat("finish ", reqs.size(), " jobs"),
+      [&](pqxx::transaction_base& txn, int64_t epoch) { return ExecFinishes(txn, reqs, epoch); });
 }
 
 absl::StatusOr<TurnOutcome> PgJobStore::WriteTurn(const TurnWrites& writes) {
