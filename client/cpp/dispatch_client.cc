@@ -116,6 +116,19 @@ absl::StatusOr<v1::SubmitResponse> Client::Submit(const v1::JobSpec& spec) {
   return response;
 }
 
+absl::StatusOr<v1::SubmitBatchResponse> Client::SubmitBatch(
+    const std::vector<v1::JobSpec>& specs) {
+  grpc::ClientContext context;
+  SetDeadline(context, options_.default_deadline);
+  v1::SubmitBatchRequest request;
+  request.mutable_specs()->Reserve(static_cast<int>(specs.size()));
+  for (const v1::JobSpec& spec : specs) *request.add_specs() = spec;
+  v1::SubmitBatchResponse response;
+  grpc::Status status = jobs_->SubmitBatch(&context, request, &response);
+  if (!status.ok()) return FromGrpcStatus(status, &context);
+  return response;
+}
+
 absl::StatusOr<v1::Job> Client::RunSync(const v1::JobSpec& spec, absl::Duration wait) {
   grpc::ClientContext context;
   SetDeadline(context, wait);

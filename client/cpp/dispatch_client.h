@@ -15,6 +15,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -66,6 +67,9 @@ class Client {
 
   // Queues a job; returns its id (or the existing one's, marked deduplicated).
   absl::StatusOr<v1::SubmitResponse> Submit(const v1::JobSpec& spec);
+  // Queues many jobs at once, all or none; one answer per spec, in order. A bad spec fails the
+  // whole call with INVALID_ARGUMENT naming it (`specs[3].type: ...`).
+  absl::StatusOr<v1::SubmitBatchResponse> SubmitBatch(const std::vector<v1::JobSpec>& specs);
   // Queues a job and waits up to `wait` for it to end; returns the final job whatever its outcome
   // (inspect `state`). DEADLINE_EXCEEDED when `wait` passes first (the job keeps going).
   absl::StatusOr<v1::Job> RunSync(const v1::JobSpec& spec, absl::Duration wait);

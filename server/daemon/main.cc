@@ -30,6 +30,7 @@
 #include "server/rpc/admin_service.h"
 #include "server/rpc/job_service.h"
 #include "server/rpc/worker_service.h"
+#include "server/store/group_inserter.h"
 #include "server/store/pg_job_store.h"
 #include "server/util/executor.h"
 #include "server/util/log.h"
@@ -181,7 +182,8 @@ int Run(int argc, char** argv) {
   server::Executor executor(config.postgres.pool_size * 2);
   ha::Leadership leadership(config, ha::LeadershipOptions{.url = url, .daemon_id = daemon_id},
                             **store, clock, events, admission);
-  rpc::JobServiceImpl job_service(config, **store, leadership, events, executor, clock);
+  store::GroupInserter inserter(**store, store::GroupInserter::Options{});
+  rpc::JobServiceImpl job_service(config, **store, inserter, leadership, events, executor, clock);
   rpc::WorkerServiceImpl worker_service(leadership);
   rpc::AdminServiceImpl admin_service(config, **store, leadership, executor);
 
@@ -224,6 +226,7 @@ int Run(int argc, char** argv) {
   leadership.Stop();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(3));
   server->Wait();
+  inserter.Stop();
   log->info("stopped");
   return 0;
 }

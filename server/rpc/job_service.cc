@@ -13,7 +13,9 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
 #include "lib/sched/admission.h"
 #include "lib/sched/admission_gate.h"
 #include "lib/sched/scheduler.h"
@@ -56,62 +58,134 @@ std::string RetryAfterMillis(absl::Duration retry_after) {
   return absl::StrCat(std::max<int64_t>(0, ms));
 }
 
-absl::StatusOr<store::InsertOutcome> JobServiceImpl::Enqueue(const v1::JobSpec& wire,
-                                                             const std::string& peer,
-                                                             absl::Duration* retry_after) {
-  absl::StatusOr<job::JobSpec> spec = convert::FromProto(wire);
-  if (!spec.ok()) return spec.status();
-  if (spec->fairness_key.empty()) spec->fairness_key = PeerIdentity(peer);
-  absl::StatusOr<job::JobSpec> resolved = sched::ResolveSpec(config_, *std::move(spec));
-  if (!resolved.ok()) return resolved.status();
-  // Reserve room before anything is written. From here on the reservation is settled exactly
-  // once: Release below when nothing new was written, or Counted by the dispatcher when it takes
-  // in the job handed to it by JobQueued.
-  sched::AdmissionGate& gate = leadership_.admission();
-  const std::string type = resolved->type;
-  if (absl::Status admitted = gate.TryAdmit(type, retry_after); !admitted.ok()) {
-    server::Log("grpc")->debug("refused type={} key={}: {}", type, resolved->fairness_key,
-                               admitted.message());
-    return admitted;
-  }
+absl::StatusOr<std::vector<job::Job>> JobServiceImpl::Admit(
+    absl::Span<const v1::JobSpec* const> specs, const std::string& peer,
+    absl::string_view field_prefix, absl::Duration* retry_after) {
+  std::vector<job::Job> jobs;
+  jobs.reserve(specs.size());
   const absl::Time now = clock_.TimeNow();
-  job::Job job{.id = NewJobId(now), .spec = *std::move(resolved), .created_at = now};
-  absl::StatusOr<store::InsertOutcome> outcome = store_.Insert(job);
-  if (!outcome.ok() || outcome->deduplicated) {
-    gate.Release(type);
-    return outcome;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const std::string prefix =
+        field_prefix.empty() ? "" : absl::StrCat(field_prefix, "[", i, "].");
+    absl::StatusOr<job::JobSpec> spec = convert::FromProto(*specs[i]);
+    if (spec.ok()) {
+      if (spec->fairness_key.empty()) spec->fairness_key = PeerIdentity(peer);
+      spec = sched::ResolveSpec(config_, *std::move(spec));
+    }
+    if (!spec.ok()) {
+      // A lone spec's fields are named `spec.type`; a batch's `specs[3].type`.
+      absl::string_view message = spec.status().message();
+      if (!prefix.empty()) absl::ConsumePrefix(&message, "spec.");
+      return absl::Status(spec.status().code(), absl::StrCat(prefix, message));
+    }
+    jobs.push_back(job::Job{.id = NewJobId(now), .spec = *std::move(spec), .created_at = now});
   }
-  server::Log("grpc")->debug("queued job={} type={} key={}", job.id, job.spec.type,
-                             job.spec.fairness_key);
-  if (std::shared_ptr<dispatch::Dispatcher> d = leadership_.dispatcher()) {
-    d->JobQueued(std::move(job));
-  } else {
+  // Reserve room for every job before anything is written; all or none. From here on each
+  // reservation is settled exactly once, by Settle.
+  sched::AdmissionGate& gate = leadership_.admission();
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    if (absl::Status admitted = gate.TryAdmit(jobs[i].spec.type, retry_after); !admitted.ok()) {
+      server::Log("grpc")->debug("refused type={} key={}: {}", jobs[i].spec.type,
+                                 jobs[i].spec.fairness_key, admitted.message());
+      for (size_t j = 0; j < i; ++j) gate.Release(jobs[j].spec.type);
+      return admitted;
+    }
+  }
+  return jobs;
+}
+
+void JobServiceImpl::Enqueue(std::vector<job::Job> jobs, EnqueueDone done) {
+  // A standby tells the leader of its rows in the insert's own statement; a leader hands them to
+  // its dispatcher below, once they are committed.
+  const bool notify_leader = leadership_.dispatcher() == nullptr;
+  inserter_.Insert(
+      std::move(jobs), notify_leader,
+      [this, notify_leader, done = std::move(done)](
+          std::vector<job::Job> jobs,
+          absl::StatusOr<std::vector<store::InsertOutcome>> outcomes) mutable {
+        Settle(jobs, outcomes, notify_leader);
+        std::move(done)(std::move(outcomes));
+      });
+}
+
+void JobServiceImpl::Settle(std::vector<job::Job>& jobs,
+                            const absl::StatusOr<std::vector<store::InsertOutcome>>& outcomes,
+                            bool notified) {
+  sched::AdmissionGate& gate = leadership_.admission();
+  std::shared_ptr<dispatch::Dispatcher> d = leadership_.dispatcher();
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    job::Job& job = jobs[i];
+    if (!outcomes.ok() || (*outcomes)[i].deduplicated) {
+      gate.Release(job.spec.type);
+      continue;
+    }
+    server::Log("grpc")->debug("queued job={} type={} key={}", job.id, job.spec.type,
+                               job.spec.fairness_key);
+    if (d != nullptr) {
+      d->JobQueued(std::move(job));
+      continue;
+    }
     // A standby: the leader learns of the row from the database (now, or at its next recount).
-    gate.Counted(type);
+    gate.Counted(job.spec.type);
+    if (notified) continue;
+    // Leadership was lost while the row was being written: tell whoever leads now.
     if (absl::Status told = store_.NotifyChanged(job.id); !told.ok()) {
       server::Log("grpc")->warn("could not notify the leader of job={}: {}", job.id,
                                 told.message());
     }
   }
-  return outcome;
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::Queue(grpc::CallbackServerContext* ctx,
+                                                absl::Span<const v1::JobSpec* const> specs,
+                                                absl::string_view field_prefix, Answer answer) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  absl::Duration retry_after = absl::ZeroDuration();
+  absl::StatusOr<std::vector<job::Job>> jobs = Admit(specs, ctx->peer(), field_prefix, &retry_after);
+  if (!jobs.ok()) {
+    if (absl::IsResourceExhausted(jobs.status())) {
+      ctx->AddTrailingMetadata(kRetryAfterTrailer, RetryAfterMillis(retry_after));
+    }
+    reactor->Finish(server::ToGrpcStatus(jobs.status()));
+    return reactor;
+  }
+  Enqueue(*std::move(jobs), [reactor, answer = std::move(answer)](
+                                absl::StatusOr<std::vector<store::InsertOutcome>> outcomes) mutable {
+    if (outcomes.ok()) std::move(answer)(*outcomes);
+    reactor->Finish(server::ToGrpcStatus(outcomes.status()));
+  });
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::Submit(grpc::CallbackServerContext* ctx,
                                                  const v1::SubmitRequest* req,
                                                  v1::SubmitResponse* resp) {
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  executor_.Schedule([this, ctx, req, resp, reactor] {
-    absl::Duration retry_after = absl::ZeroDuration();
-    absl::StatusOr<store::InsertOutcome> outcome = Enqueue(req->spec(), ctx->peer(), &retry_after);
-    if (outcome.ok()) {
-      resp->set_job_id(outcome->job_id);
-      resp->set_deduplicated(outcome->deduplicated);
-    } else if (absl::IsResourceExhausted(outcome.status())) {
-      ctx->AddTrailingMetadata(kRetryAfterTrailer, RetryAfterMillis(retry_after));
-    }
-    reactor->Finish(server::ToGrpcStatus(outcome.status()));
-  });
-  return reactor;
+  const v1::JobSpec* spec = &req->spec();
+  return Queue(ctx, absl::MakeConstSpan(&spec, 1), "",
+               [resp](const std::vector<store::InsertOutcome>& outcomes) {
+                 resp->set_job_id(outcomes[0].job_id);
+                 resp->set_deduplicated(outcomes[0].deduplicated);
+               });
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::SubmitBatch(grpc::CallbackServerContext* ctx,
+                                                      const v1::SubmitBatchRequest* req,
+                                                      v1::SubmitBatchResponse* resp) {
+  if (req->specs_size() < 1 || req->specs_size() > kMaxBatchSpecs) {
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    reactor->Finish(grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        absl::StrCat("specs: between 1 and ", kMaxBatchSpecs, " jobs, got ", req->specs_size())));
+    return reactor;
+  }
+  return Queue(ctx, absl::MakeConstSpan(req->specs().data(), req->specs_size()), "specs",
+               [resp](const std::vector<store::InsertOutcome>& outcomes) {
+                 for (const store::InsertOutcome& o : outcomes) {
+                   v1::SubmitResponse* r = resp->add_results();
+                   r->set_job_id(o.job_id);
+                   r->set_deduplicated(o.deduplicated);
+                 }
+               });
 }
 
 namespace {
@@ -133,12 +207,14 @@ class RunSyncReactor final : public grpc::ServerUnaryReactor {
   }
 
   void OnDone() override {
-    if (token_ != 0) events_.Unsubscribe(token_);
     {
       absl::MutexLock l(&mu_);
       done_ = true;
       mu_.Await(absl::Condition(+[](int* n) { return *n == 0; }, &in_flight_));
     }
+    // Only now is token_ final (the insert's completion subscribes); a callback that fires
+    // before Unsubscribe returns finds done_ set and schedules nothing.
+    if (token_ != 0) events_.Unsubscribe(token_);
     delete this;
   }
 
@@ -156,29 +232,52 @@ class RunSyncReactor final : public grpc::ServerUnaryReactor {
     });
   }
 
-  // Runs once, from the constructor (before OnDone can run, so it always runs): Enqueue settles
-  // the admission reservation whatever happens to the call afterwards.
+  // Runs once, from the constructor (before OnDone can run, so it always runs): Admit and
+  // Enqueue settle the admission reservation whatever happens to the call afterwards. The insert
+  // completes on the inserter's thread; it counts as in flight until then.
   void Begin(JobServiceImpl& service, const v1::RunSyncRequest& req, const std::string& peer) {
     absl::Duration retry_after = absl::ZeroDuration();
-    absl::StatusOr<store::InsertOutcome> outcome = service.Enqueue(req.spec(), peer, &retry_after);
-    if (!outcome.ok()) {
+    const v1::JobSpec* spec = &req.spec();
+    absl::StatusOr<std::vector<job::Job>> jobs =
+        service.Admit(absl::MakeConstSpan(&spec, 1), peer, "", &retry_after);
+    if (!jobs.ok()) {
       absl::MutexLock l(&mu_);
       // Trailers must be added before Finish; OnCancel may have finished the call already.
-      if (!finished_ && absl::IsResourceExhausted(outcome.status())) {
+      if (!finished_ && absl::IsResourceExhausted(jobs.status())) {
         ctx_->AddTrailingMetadata(kRetryAfterTrailer, RetryAfterMillis(retry_after));
       }
-      FinishLocked(server::ToGrpcStatus(outcome.status()));
+      FinishLocked(server::ToGrpcStatus(jobs.status()));
       return;
     }
     {
       absl::MutexLock l(&mu_);
-      job_id_ = outcome->job_id;
+      ++in_flight_;
     }
-    token_ = events_.Subscribe(outcome->job_id, [this](JobState state) {
+    service.Enqueue(*std::move(jobs),
+                    [this](absl::StatusOr<std::vector<store::InsertOutcome>> outcomes) {
+                      if (outcomes.ok()) {
+                        Queued((*outcomes)[0].job_id);
+                      } else {
+                        absl::MutexLock l(&mu_);
+                        FinishLocked(server::ToGrpcStatus(outcomes.status()));
+                      }
+                      absl::MutexLock l(&mu_);
+                      --in_flight_;
+                    });
+  }
+
+  // The row is committed: wait for the job to end. Runs on the inserter's thread, so the store
+  // is read on the executor.
+  void Queued(const std::string& job_id) {
+    {
+      absl::MutexLock l(&mu_);
+      job_id_ = job_id;
+    }
+    token_ = events_.Subscribe(job_id, [this](JobState state) {
       if (job::IsTerminal(state)) Run([this] { CompleteIfDone(); });
     });
     // The job may have ended before the subscription (a fast worker, or a deduplicated job).
-    CompleteIfDone();
+    Run([this] { CompleteIfDone(); });
   }
 
   void CompleteIfDone() {

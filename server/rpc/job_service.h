@@ -1,15 +1,19 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
+#include "absl/functional/any_invocable.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "dispatchd/v1/job_service.grpc.pb.h"
 #include "lib/config/config.h"
 #include "lib/util/clock.h"
 #include "server/dispatch/dispatcher.h"
 #include "server/dispatch/job_events.h"
 #include "server/ha/leadership.h"
+#include "server/store/group_inserter.h"
 #include "server/store/job_store.h"
 #include "server/util/executor.h"
 
@@ -19,13 +23,16 @@ namespace dispatchd::rpc {
 // any error), converts it, calls the store and the dispatcher, and maps the status back. Every
 // daemon serves it: a standby writes the row and tells the leader through the database
 // (JobStore::NotifyChanged), and its RunSync and Watch calls learn of changes by polling. Store
-// calls run on `executor`, never on gRPC's callback threads. Thread-safe.
+// calls run on `executor` or, for inserts, on the group inserter's threads, never on gRPC's
+// callback threads. Thread-safe.
 class JobServiceImpl final : public v1::JobService::CallbackService {
  public:
-  JobServiceImpl(const config::Config& config, store::JobStore& store, ha::Leadership& leadership,
+  JobServiceImpl(const config::Config& config, store::JobStore& store,
+                 store::GroupInserter& inserter, ha::Leadership& leadership,
                  dispatch::JobEvents& events, server::Executor& executor, Clock& clock)
       : config_(config),
         store_(store),
+        inserter_(inserter),
         leadership_(leadership),
         events_(events),
         executor_(executor),
@@ -43,20 +50,46 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
   grpc::ServerWriteReactor<v1::WatchEvent>* Watch(grpc::CallbackServerContext* ctx,
                                                   const v1::WatchRequest* req) override;
 
-  // Validates, admits, records and queues a job: the shared first half of Submit and RunSync.
-  // Admission (max_active, the type's max_queue_depth) is checked after validation and before
-  // anything is written; a refusal is RESOURCE_EXHAUSTED with the hint in `retry_after`. The
-  // admission gate's reservation is settled exactly once: released if nothing new was written
-  // (an error or a duplicate), counted by the dispatcher otherwise.
-  absl::StatusOr<store::InsertOutcome> Enqueue(const v1::JobSpec& spec, const std::string& peer,
-                                               absl::Duration* retry_after);
+  grpc::ServerUnaryReactor* SubmitBatch(grpc::CallbackServerContext* ctx,
+                                        const v1::SubmitBatchRequest* req,
+                                        v1::SubmitBatchResponse* resp) override;
+
+  // The shared first half of Submit, SubmitBatch and RunSync, in two steps.
+  //
+  // Admit validates and resolves `specs` (an error names the field, prefixed with
+  // `field_prefix[i].` for a batch) and reserves admission for all of them, or for none:
+  // RESOURCE_EXHAUSTED naming the limit, with the hint in `retry_after`. Nothing is written.
+  absl::StatusOr<std::vector<job::Job>> Admit(absl::Span<const v1::JobSpec* const> specs,
+                                              const std::string& peer,
+                                              absl::string_view field_prefix,
+                                              absl::Duration* retry_after);
+  // Enqueue writes admitted jobs through the group inserter, all or none, and runs `done` (on an
+  // inserter thread) once they are committed or have failed. Each reservation is settled exactly
+  // once first: released if no row was written (an error or a duplicate), else counted by the
+  // dispatcher.
+  using EnqueueDone =
+      absl::AnyInvocable<void(absl::StatusOr<std::vector<store::InsertOutcome>>) &&>;
+  void Enqueue(std::vector<job::Job> jobs, EnqueueDone done);
+
+  // Most jobs in one SubmitBatch.
+  static constexpr int kMaxBatchSpecs = 10000;
 
  private:
   // Fills wait_reason, queue_position and keys_ahead of a QUEUED job the dispatcher holds.
   void AddWaitInfo(v1::Job* job);
+  // Submit and SubmitBatch: admits `specs`, enqueues them and finishes the call; `answer` fills
+  // the response from the outcomes once they are committed.
+  using Answer = absl::AnyInvocable<void(const std::vector<store::InsertOutcome>&) &&>;
+  grpc::ServerUnaryReactor* Queue(grpc::CallbackServerContext* ctx,
+                                  absl::Span<const v1::JobSpec* const> specs,
+                                  absl::string_view field_prefix, Answer answer);
+  // Settles the admission reservations of `jobs` after their insert; see Enqueue.
+  void Settle(std::vector<job::Job>& jobs,
+              const absl::StatusOr<std::vector<store::InsertOutcome>>& outcomes, bool notified);
 
   const config::Config& config_;
   store::JobStore& store_;
+  store::GroupInserter& inserter_;
   ha::Leadership& leadership_;
   dispatch::JobEvents& events_;
   server::Executor& executor_;

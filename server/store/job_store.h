@@ -97,6 +97,15 @@ class JobStore {
   // job's id with deduplicated = true. Race-free: of concurrent inserts of one key, one inserts.
   virtual absl::StatusOr<InsertOutcome> Insert(const job::Job& job) = 0;
 
+  // Inserts `jobs` as Insert would each, all or none, in one round trip where no job has an
+  // idempotency key. Rows are queued in the vector's order (FIFO follows it); a job whose key is
+  // held (by an existing job, or by an earlier job in `jobs`) is not inserted and gets the
+  // holder's id with deduplicated = true. One outcome per job, in order. With `notify_leader`
+  // each new row is also announced to the leader (NotifyChanged) when, and only if, it commits.
+  // InvalidArgument naming `jobs[i]` if a job cannot be stored.
+  virtual absl::StatusOr<std::vector<InsertOutcome>> InsertMany(const std::vector<job::Job>& jobs,
+                                                                bool notify_leader) = 0;
+
   // The job with this id, or NotFound.
   virtual absl::StatusOr<job::Job> Get(const std::string& job_id) = 0;
 

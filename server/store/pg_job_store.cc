@@ -9,7 +9,10 @@
 #include <utility>
 #include <vector>
 
+#include "absl/algorithm/container.h"
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -107,6 +110,39 @@ VALUES ($1, $2, $3, $4, $5, $6, jsonb_object($7::text[], $8::text[]), 'QUEUED', 
         timestamptz 'epoch' + $12::int8 * interval '1 microsecond', now(), now())
 ON CONFLICT (fairness_key, idempotency_key) WHERE idempotency_key <> '' DO NOTHING
 RETURNING id)sql"};
+
+// Many kInsertJob in one statement, in array order (so seq follows it): $1 ids, $2 types, $3
+// payloads (hex), $4 resource ids, $5 fairness keys, $6 idempotency keys, $7 label keys and $8
+// label values (each element a text-array literal), $9 max attempts, $10 timeouts (ms), $11
+// dispatch deadlines (us, NULL: none), $12 not_before (us since the epoch, NULL: none): parallel
+// arrays, one element per job. $13: whether to NOTIFY the leader of each new row, in the same
+// statement so that the notification goes out exactly when the rows commit. Returns the ids
+// inserted; a row left out met an existing (or earlier in the same array) idempotency key.
+constexpr Statement kInsertJobs{"insert_jobs", R"sql(
+WITH ins AS (
+  INSERT INTO jobs (id, type, payload, resource_id, fairness_key, idempotency_key, labels, state,
+                    attempt, max_attempts, timeout_ms, dispatch_deadline_at, not_before,
+                    created_at, updated_at)
+  SELECT r.id, r.type, decode(r.payload_hex, 'hex'), r.resource_id, r.fairness_key,
+         r.idempotency_key, jsonb_object(r.label_keys::text[], r.label_values::text[]), 'QUEUED',
+         0, r.max_attempts, r.timeout_ms, now() + r.deadline_us * interval '1 microsecond',
+         timestamptz 'epoch' + r.not_before_us * interval '1 microsecond', now(), now()
+  FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[],
+              $8::text[], $9::int4[], $10::int8[], $11::int8[], $12::int8[]) WITH ORDINALITY
+    AS r(id, type, payload_hex, resource_id, fairness_key, idempotency_key, label_keys,
+         label_values, max_attempts, timeout_ms, deadline_us, not_before_us, ord)
+  ORDER BY r.ord
+  ON CONFLICT (fairness_key, idempotency_key) WHERE idempotency_key <> '' DO NOTHING
+  RETURNING id
+)
+SELECT ins.id, CASE WHEN $13::bool THEN pg_notify('dispatchd_jobs', ins.id) END FROM ins)sql"};
+
+// $1 fairness keys, $2 idempotency keys (parallel arrays): the jobs holding those keys.
+constexpr Statement kSelectByIdempotencyKeys{"select_by_idempotency_keys", R"sql(
+SELECT j.fairness_key, j.idempotency_key, j.id
+FROM jobs j JOIN unnest($1::text[], $2::text[]) AS k(fairness_key, idempotency_key)
+  ON j.fairness_key = k.fairness_key AND j.idempotency_key = k.idempotency_key
+WHERE j.idempotency_key <> '')sql"};
 
 // $1 fairness_key, $2 idempotency_key: the job holding the key, if any (a released key has moved
 // to released_idempotency_key).
@@ -274,7 +310,9 @@ constexpr Statement kLeaderEpoch{"leader_epoch", "SELECT epoch FROM dispatchd_le
 
 constexpr Statement kAllStatements[] = {
     kInsertJob,
+    kInsertJobs,
     kSelectByIdempotencyKey,
+    kSelectByIdempotencyKeys,
     kGetJob,
     kGetJobs,
     kLoadActive,
@@ -318,8 +356,24 @@ std::string TextArrayLiteral(const std::vector<std::string>& items) {
   return out;
 }
 
-std::string IntArrayLiteral(const std::vector<int32_t>& items) {
+template <typename Int>
+std::string IntArrayLiteral(const std::vector<Int>& items) {
   return absl::StrCat("{", absl::StrJoin(items, ","), "}");
+}
+
+// Like IntArrayLiteral, with NULL for an absent element.
+std::string OptionalIntArrayLiteral(const std::vector<std::optional<int64_t>>& items) {
+  std::string out = "{";
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (i > 0) out += ',';
+    if (items[i]) {
+      absl::StrAppend(&out, *items[i]);
+    } else {
+      out += "NULL";
+    }
+  }
+  out += '}';
+  return out;
 }
 
 // Microseconds since the epoch, or NULL for InfinitePast ("none").
@@ -685,6 +739,134 @@ absl::StatusOr<InsertOutcome> PgJobStore::Insert(const job::Job& job) {
         }
         return absl::AbortedError(
             absl::StrCat("insert job ", job.id, ": idempotency key conflict vanished; retry"));
+      });
+}
+
+namespace {
+
+// kInsertJobs' parameters for `jobs`, in order.
+struct InsertColumns {
+  std::vector<std::string> ids, types, payloads_hex, resource_ids, fairness_keys, idempotency_keys,
+      label_keys, label_values;
+  std::vector<int32_t> max_attempts;
+  std::vector<int64_t> timeouts_ms;
+  std::vector<std::optional<int64_t>> deadlines_us, not_befores_us;
+
+  explicit InsertColumns(const std::vector<const job::Job*>& jobs) {
+    for (const job::Job* job : jobs) {
+      const job::JobSpec& spec = job->spec;
+      ids.push_back(job->id);
+      types.push_back(spec.type);
+      payloads_hex.push_back(absl::BytesToHexString(spec.payload));
+      resource_ids.push_back(spec.resource_id);
+      fairness_keys.push_back(spec.fairness_key);
+      idempotency_keys.push_back(spec.idempotency_key);
+      std::vector<std::string> keys, values;
+      for (const auto& [key, value] : spec.labels) {
+        keys.push_back(key);
+        values.push_back(value);
+      }
+      label_keys.push_back(TextArrayLiteral(keys));
+      label_values.push_back(TextArrayLiteral(values));
+      max_attempts.push_back(spec.max_attempts);
+      timeouts_ms.push_back(absl::ToInt64Milliseconds(spec.timeout));
+      deadlines_us.push_back(spec.dispatch_deadline == absl::InfiniteDuration()
+                                 ? std::nullopt
+                                 : std::optional(absl::ToInt64Microseconds(spec.dispatch_deadline)));
+      not_befores_us.push_back(OptionalMicros(spec.not_before));
+    }
+  }
+};
+
+// Inserts `jobs`, returning the ids written.
+absl::flat_hash_set<std::string> ExecInsert(pqxx::transaction_base& txn,
+                                            const std::vector<const job::Job*>& jobs,
+                                            bool notify_leader) {
+  const InsertColumns c(jobs);
+  pqxx::result rows = txn.exec_prepared(
+      kInsertJobs.name, TextArrayLiteral(c.ids), TextArrayLiteral(c.types),
+      TextArrayLiteral(c.payloads_hex), TextArrayLiteral(c.resource_ids),
+      TextArrayLiteral(c.fairness_keys), TextArrayLiteral(c.idempotency_keys),
+      TextArrayLiteral(c.label_keys), TextArrayLiteral(c.label_values),
+      IntArrayLiteral(c.max_attempts), IntArrayLiteral(c.timeouts_ms),
+      OptionalIntArrayLiteral(c.deadlines_us), OptionalIntArrayLiteral(c.not_befores_us),
+      notify_leader);
+  absl::flat_hash_set<std::string> inserted;
+  for (const pqxx::row& row : rows) inserted.insert(TextFromField(row[0]));
+  return inserted;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<InsertOutcome>> PgJobStore::InsertMany(
+    const std::vector<job::Job>& jobs, bool notify_leader) {
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    if (absl::Status valid = ValidateForInsert(jobs[i]); !valid.ok()) {
+      return absl::Status(valid.code(), absl::StrCat("jobs[", i, "].", valid.message()));
+    }
+  }
+  std::vector<InsertOutcome> outcomes(jobs.size());
+  if (jobs.empty()) return outcomes;
+  const bool any_key = absl::c_any_of(
+      jobs, [](const job::Job& job) { return !job.spec.idempotency_key.empty(); });
+  return WithConnection(
+      *pool_, absl::StrCat("insert ", jobs.size(), " jobs"),
+      [&](pqxx::connection& conn) -> absl::StatusOr<std::vector<InsertOutcome>> {
+        std::vector<const job::Job*> pending;
+        for (const job::Job& job : jobs) pending.push_back(&job);
+        if (!any_key) {
+          // Without idempotency keys every row is written, by one statement: atomic and durable
+          // when it returns, with no BEGIN and COMMIT round trips.
+          pqxx::nontransaction txn(conn);
+          ExecInsert(txn, pending, notify_leader);
+          for (size_t i = 0; i < jobs.size(); ++i) outcomes[i].job_id = jobs[i].id;
+          return outcomes;
+        }
+        // With keys, the rows left out are looked up: their key's holder is the job returned.
+        // As in Insert, a holder may let go of its key between the two statements; those rows
+        // are tried again. One transaction, so the call stays all or nothing.
+        pqxx::work txn(conn);
+        absl::flat_hash_map<const job::Job*, size_t> index;
+        for (size_t i = 0; i < jobs.size(); ++i) index[&jobs[i]] = i;
+        constexpr int kTries = 5;
+        for (int attempt = 0; attempt < kTries && !pending.empty(); ++attempt) {
+          absl::flat_hash_set<std::string> inserted = ExecInsert(txn, pending, notify_leader);
+          std::vector<const job::Job*> left_out;
+          for (const job::Job* job : pending) {
+            if (inserted.contains(job->id)) {
+              outcomes[index[job]] = InsertOutcome{.job_id = job->id, .deduplicated = false};
+            } else {
+              left_out.push_back(job);
+            }
+          }
+          pending.clear();
+          if (left_out.empty()) break;
+          std::vector<std::string> fairness_keys, idempotency_keys;
+          for (const job::Job* job : left_out) {
+            fairness_keys.push_back(job->spec.fairness_key);
+            idempotency_keys.push_back(job->spec.idempotency_key);
+          }
+          absl::flat_hash_map<std::pair<std::string, std::string>, std::string> holders;
+          for (const pqxx::row& row :
+               txn.exec_prepared(kSelectByIdempotencyKeys.name, TextArrayLiteral(fairness_keys),
+                                 TextArrayLiteral(idempotency_keys))) {
+            holders[{TextFromField(row[0]), TextFromField(row[1])}] = TextFromField(row[2]);
+          }
+          for (const job::Job* job : left_out) {
+            auto it = holders.find({job->spec.fairness_key, job->spec.idempotency_key});
+            if (it == holders.end()) {
+              pending.push_back(job);
+            } else {
+              outcomes[index[job]] = InsertOutcome{.job_id = it->second, .deduplicated = true};
+            }
+          }
+        }
+        if (!pending.empty()) {
+          return absl::AbortedError(absl::StrCat("insert ", jobs.size(),
+                                                 " jobs: idempotency key conflict vanished; retry"));
+        }
+        txn.commit();
+        return outcomes;
       });
 }
 

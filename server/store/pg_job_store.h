@@ -53,6 +53,8 @@ class PgJobStore final : public JobStore {
   // dispatch deadline, a negative max_attempts or an infinite-future not_before. The spec's
   // timeout is kept in whole milliseconds.
   absl::StatusOr<InsertOutcome> Insert(const job::Job& job) override;
+  absl::StatusOr<std::vector<InsertOutcome>> InsertMany(const std::vector<job::Job>& jobs,
+                                                        bool notify_leader) override;
   absl::StatusOr<job::Job> Get(const std::string& job_id) override;
   absl::StatusOr<std::vector<job::Job>> GetMany(const std::vector<std::string>& job_ids) override;
   absl::StatusOr<std::vector<job::Job>> LoadActive() override;

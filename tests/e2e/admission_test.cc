@@ -23,6 +23,7 @@
 #include "gtest/gtest.h"
 #include "pqxx/connection"
 #include "pqxx/nontransaction"
+#include "pqxx/result"
 #include "tests/e2e/harness.h"
 #include "tests/testing/pg_test_db.h"
 
@@ -337,6 +338,213 @@ TEST_F(AdmissionTest, IdempotencyKeyIsFreeAgainAfterTheWindow) {
   EXPECT_EQ(Count("SELECT count(*) FROM jobs "
                   "WHERE coalesce(released_idempotency_key, idempotency_key) = 'report-7'"),
             repeat.deduplicated ? 2 : 3);
+}
+
+// What a SubmitBatch answered.
+struct BatchAnswer {
+  grpc::Status status;
+  v1::SubmitBatchResponse resp;
+  std::multimap<std::string, std::string> trailers;
+};
+
+BatchAnswer SubmitBatchTo(v1::JobService::Stub& stub, const std::vector<v1::JobSpec>& specs) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(In(absl::Seconds(20)));
+  v1::SubmitBatchRequest req;
+  for (const v1::JobSpec& spec : specs) *req.add_specs() = spec;
+  BatchAnswer a;
+  a.status = stub.SubmitBatch(&ctx, req, &a.resp);
+  for (const auto& [k, v] : ctx.GetServerTrailingMetadata()) {
+    a.trailers.emplace(std::string(k.data(), k.size()), std::string(v.data(), v.size()));
+  }
+  return a;
+}
+
+TEST_F(AdmissionTest, SubmitBatchQueuesEveryJobInItsOrderAndEachRunsOnce) {
+  auto d = StartDaemon("  - name: echo\n");
+  ASSERT_NE(d, nullptr);
+  std::vector<v1::JobSpec> specs;
+  for (int i = 0; i < 200; ++i) specs.push_back(Spec("echo", absl::StrCat("batch job ", i)));
+  BatchAnswer a = SubmitBatchTo(d->jobs(), specs);
+  ASSERT_TRUE(a.status.ok()) << a.status.error_message();
+  ASSERT_EQ(a.resp.results_size(), 200);
+  std::vector<std::string> ids;
+  for (const v1::SubmitResponse& r : a.resp.results()) {
+    EXPECT_FALSE(r.deduplicated());
+    ids.push_back(r.job_id());
+  }
+  // Committed before the answer, in the request's order.
+  pqxx::connection conn(db_->url());
+  pqxx::nontransaction txn(conn);
+  std::vector<std::string> stored;
+  for (const pqxx::row& row : txn.exec("SELECT id FROM jobs ORDER BY seq")) {
+    stored.push_back(row[0].as<std::string>());
+  }
+  EXPECT_EQ(stored, ids);
+
+  auto w = StartWorker(*d, {.id = "w1", .slots = 8});
+  ASSERT_NE(w, nullptr);
+  std::vector<v1::Job> jobs;
+  ASSERT_TRUE(d->WaitForTerminal(ids, &jobs, absl::Seconds(60)));
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    EXPECT_EQ(jobs[i].state(), v1::JOB_STATE_SUCCEEDED) << jobs[i].id();
+    EXPECT_EQ(jobs[i].result(), absl::StrCat("batch job ", i));
+  }
+  int starts = 0;
+  for (const JournalEvent& e : ReadJournal(w->journal_path(), "w1")) starts += e.start ? 1 : 0;
+  EXPECT_EQ(starts, 200);
+}
+
+TEST_F(AdmissionTest, SubmitBatchRefusesABadSpecByItsIndexAndWritesNothing) {
+  auto d = StartDaemon("  - name: echo\n");
+  ASSERT_NE(d, nullptr);
+  std::vector<v1::JobSpec> specs = {Spec("echo", "a"), Spec("echo", "b"), Spec("echo", "c"),
+                                    Spec("gold", "d"), Spec("echo", "e")};
+  BatchAnswer bad = SubmitBatchTo(d->jobs(), specs);
+  EXPECT_EQ(bad.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(bad.status.error_message(), StartsWith("specs[3].type: unknown job type \"gold\""));
+
+  specs[3] = Spec("echo", "");
+  bad = SubmitBatchTo(d->jobs(), specs);
+  EXPECT_EQ(bad.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(bad.status.error_message(), StartsWith("specs[3].payload:"));
+
+  BatchAnswer empty = SubmitBatchTo(d->jobs(), {});
+  EXPECT_EQ(empty.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(empty.status.error_message(), StartsWith("specs: between 1 and 10000 jobs, got 0"));
+  EXPECT_EQ(Rows(), 0);
+
+  // The daemon still serves.
+  specs[3] = Spec("echo", "d");
+  BatchAnswer good = SubmitBatchTo(d->jobs(), specs);
+  ASSERT_TRUE(good.status.ok()) << good.status.error_message();
+  EXPECT_EQ(Rows(), 5);
+}
+
+TEST_F(AdmissionTest, SubmitBatchIsAdmittedWhollyOrNotAtAll) {
+  auto d = StartDaemon("  - name: echo\n  - name: other\n    max_queue_depth: 2\nmax_active: 5\n");
+  ASSERT_NE(d, nullptr);
+  std::vector<v1::JobSpec> six(6, Spec("echo", "x"));
+  BatchAnswer refused = SubmitBatchTo(d->jobs(), six);
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(refused.status.error_message(), StartsWith("max_active:"));
+  EXPECT_EQ(refused.trailers.count("retry-after-ms"), 1u);
+  EXPECT_EQ(Rows(), 0);
+
+  // A type's queue depth counts too: the third "other" job sinks the batch.
+  std::vector<v1::JobSpec> mixed = {Spec("echo", "1"), Spec("other", "2"), Spec("other", "3"),
+                                    Spec("other", "4")};
+  refused = SubmitBatchTo(d->jobs(), mixed);
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(refused.status.error_message(), StartsWith("max_queue_depth:"));
+  EXPECT_EQ(Rows(), 0);
+
+  // The refusals held no room: five fit exactly, and then nothing more.
+  six.pop_back();
+  BatchAnswer five = SubmitBatchTo(d->jobs(), six);
+  ASSERT_TRUE(five.status.ok()) << five.status.error_message();
+  EXPECT_EQ(five.resp.results_size(), 5);
+  EXPECT_EQ(SubmitTo(d->jobs(), Spec("echo", "sixth")).status.error_code(),
+            grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(Rows(), 5);
+}
+
+TEST_F(AdmissionTest, SubmitBatchDeduplicatesRepeatedKeysWithinAndAcrossCalls) {
+  // Admission reserves room for every spec before the insert finds the repeats (as for Submit),
+  // so the batch needs room for all four.
+  auto d = StartDaemon("  - name: echo\nmax_active: 5\n");
+  ASSERT_NE(d, nullptr);
+  Answer held = SubmitTo(d->jobs(), KeyedSpec("echo", "first", "k1"));
+  ASSERT_TRUE(held.status.ok()) << held.status.error_message();
+  BatchAnswer a = SubmitBatchTo(
+      d->jobs(), {KeyedSpec("echo", "again", "k1"), KeyedSpec("echo", "new", "k2"),
+                  KeyedSpec("echo", "new again", "k2"), KeyedSpec("echo", "bob", "k1", "bob")});
+  ASSERT_TRUE(a.status.ok()) << a.status.error_message();
+  ASSERT_EQ(a.resp.results_size(), 4);
+  EXPECT_TRUE(a.resp.results(0).deduplicated());
+  EXPECT_EQ(a.resp.results(0).job_id(), held.job_id);
+  EXPECT_FALSE(a.resp.results(1).deduplicated());
+  EXPECT_TRUE(a.resp.results(2).deduplicated());
+  EXPECT_EQ(a.resp.results(2).job_id(), a.resp.results(1).job_id());
+  EXPECT_FALSE(a.resp.results(3).deduplicated());
+  EXPECT_EQ(Rows(), 3);
+  // The duplicates' admission room was given back: two more jobs fit under max_active 5, and
+  // then no more.
+  for (int i = 0; i < 2; ++i) {
+    Answer more = SubmitTo(d->jobs(), Spec("echo", absl::StrCat("more ", i)));
+    EXPECT_TRUE(more.status.ok()) << more.status.error_message();
+  }
+  EXPECT_EQ(SubmitTo(d->jobs(), Spec("echo", "full")).status.error_code(),
+            grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(Rows(), 5);
+}
+
+// Many Submit calls in flight at once share transactions (group commit), and still each returns
+// only once its own row is committed. Rows written by one transaction share its xmin.
+TEST_F(AdmissionTest, ConcurrentSubmitsShareCommitsAndEachIsDurableWhenAcknowledged) {
+  auto d = StartDaemon("  - name: echo\n");
+  ASSERT_NE(d, nullptr);
+  constexpr int kThreads = 8;
+  constexpr int kPerThread = 100;
+  std::vector<std::vector<std::string>> ids(kThreads);
+  std::vector<int> missing(kThreads, 0);
+  std::latch go(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      // Each thread keeps 25 calls in flight on the async API.
+      pqxx::connection conn(db_->url());
+      grpc::CompletionQueue cq;
+      struct Call {
+        grpc::ClientContext ctx;
+        v1::SubmitResponse resp;
+        grpc::Status status;
+      };
+      std::vector<std::unique_ptr<Call>> calls;
+      int sent = 0, done = 0;
+      auto send = [&] {
+        auto call = std::make_unique<Call>();
+        call->ctx.set_deadline(In(absl::Seconds(30)));
+        v1::SubmitRequest req;
+        *req.mutable_spec() = Spec("echo", absl::StrCat("t", t, " n", sent));
+        auto rpc = d->jobs().AsyncSubmit(&call->ctx, req, &cq);
+        rpc->Finish(&call->resp, &call->status, call.get());
+        calls.push_back(std::move(call));
+        ++sent;
+      };
+      go.arrive_and_wait();
+      while (sent < 25) send();
+      void* tag;
+      bool ok;
+      while (done < kPerThread && cq.Next(&tag, &ok)) {
+        auto* call = static_cast<Call*>(tag);
+        ++done;
+        if (call->status.ok()) {
+          // Acknowledged: the row must already be committed, seen from another session.
+          pqxx::nontransaction txn(conn);
+          if (txn.exec_params("SELECT 1 FROM jobs WHERE id = $1", call->resp.job_id()).empty()) {
+            ++missing[t];
+          }
+          ids[t].push_back(call->resp.job_id());
+        }
+        if (sent < kPerThread) send();
+      }
+      cq.Shutdown();
+      while (cq.Next(&tag, &ok)) {
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  int acknowledged = 0;
+  for (int t = 0; t < kThreads; ++t) {
+    acknowledged += static_cast<int>(ids[t].size());
+    EXPECT_EQ(missing[t], 0) << "thread " << t;
+  }
+  EXPECT_EQ(acknowledged, kThreads * kPerThread);
+  EXPECT_EQ(Rows(), kThreads * kPerThread);
+  const int64_t transactions = Count("SELECT count(DISTINCT xmin::text) FROM jobs");
+  EXPECT_LT(transactions, kThreads * kPerThread / 2)
+      << "800 concurrent submits were written by " << transactions << " transactions";
 }
 
 TEST_F(AdmissionTest, StatusSaysWhyAQueuedJobWaitsAndWhereItStands) {

@@ -19,6 +19,7 @@
 #include "gtest/gtest.h"
 #include "pqxx/connection"
 #include "pqxx/nontransaction"
+#include "pqxx/notification"
 #include "pqxx/transaction"
 
 #include "lib/job/job.h"
@@ -248,6 +249,105 @@ Job KeyedJob(const std::string& id, const std::string& key,
   job.spec.fairness_key = fairness;
   job.spec.idempotency_key = key;
   return job;
+}
+
+// Outcomes of InsertMany as "id" or "id (dup)", in order.
+std::vector<std::string> Describe(const std::vector<InsertOutcome>& outcomes) {
+  std::vector<std::string> out;
+  for (const InsertOutcome& o : outcomes) {
+    out.push_back(o.deduplicated ? o.job_id + " (dup)" : o.job_id);
+  }
+  return out;
+}
+
+TEST_F(PgJobStoreTest, InsertManyWritesEveryJobInArrivalOrder) {
+  std::vector<Job> jobs;
+  for (int i = 0; i < 5; ++i) jobs.push_back(MakeJob(absl::StrCat("j_many_", 4 - i)));
+  jobs[2].spec.labels = {{"gpu", "h100"}, {"quote\"s", "{braces},"}};
+  jobs[3].spec.dispatch_deadline = absl::Seconds(90);
+  jobs[4].spec.not_before = absl::FromUnixMicros(1'700'000'000'123'457);
+  absl::StatusOr<std::vector<InsertOutcome>> outcomes = store_->InsertMany(jobs, false);
+  ASSERT_THAT(outcomes, IsOk());
+  EXPECT_THAT(Describe(*outcomes),
+              ElementsAre("j_many_4", "j_many_3", "j_many_2", "j_many_1", "j_many_0"));
+  absl::StatusOr<std::vector<Job>> active = store_->LoadActive();
+  ASSERT_THAT(active, IsOk());
+  std::vector<std::string> order;
+  for (const Job& j : *active) order.push_back(j.id);
+  EXPECT_THAT(order, ElementsAre("j_many_4", "j_many_3", "j_many_2", "j_many_1", "j_many_0"));
+  for (const Job& want : jobs) {
+    Job got = Get(want.id);
+    EXPECT_EQ(got.state, JobState::kQueued);
+    EXPECT_EQ(got.spec.payload, want.spec.payload);
+    EXPECT_EQ(got.spec.labels, want.spec.labels);
+    EXPECT_EQ(got.spec.timeout, want.spec.timeout);
+    EXPECT_EQ(got.spec.dispatch_deadline, want.spec.dispatch_deadline);
+    EXPECT_EQ(got.spec.not_before, want.spec.not_before);
+  }
+}
+
+TEST_F(PgJobStoreTest, InsertManyDeduplicatesAgainstStoredJobsAndWithinTheCall) {
+  Insert(KeyedJob("j_held", "k1"));
+  std::vector<Job> jobs = {KeyedJob("j_a", "k1"), KeyedJob("j_b", "k2"), MakeJob("j_c"),
+                           KeyedJob("j_d", "k2"), KeyedJob("j_e", "k1", "bob")};
+  absl::StatusOr<std::vector<InsertOutcome>> outcomes = store_->InsertMany(jobs, false);
+  ASSERT_THAT(outcomes, IsOk());
+  EXPECT_THAT(Describe(*outcomes),
+              ElementsAre("j_held (dup)", "j_b", "j_c", "j_b (dup)", "j_e"));
+  EXPECT_THAT(store_->Get("j_a"), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(store_->Get("j_d"), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(store_->CountActive(), IsOkAndHolds(4));
+}
+
+TEST_F(PgJobStoreTest, InsertManyOfOneKeyedJob) {
+  absl::StatusOr<std::vector<InsertOutcome>> outcomes =
+      store_->InsertMany({KeyedJob("j_1", "order-1", "order")}, false);
+  ASSERT_THAT(outcomes, IsOk());
+  EXPECT_THAT(Describe(*outcomes), ElementsAre("j_1"));
+}
+
+TEST_F(PgJobStoreTest, InsertManyIsAllOrNothing) {
+  Insert(MakeJob("j_taken"));
+  std::vector<Job> jobs = {MakeJob("j_new"), MakeJob("j_taken")};
+  EXPECT_THAT(store_->InsertMany(jobs, false), StatusIs(absl::StatusCode::kAlreadyExists));
+  EXPECT_THAT(store_->Get("j_new"), StatusIs(absl::StatusCode::kNotFound));
+
+  jobs = {KeyedJob("j_keyed", "k9"), MakeJob("j_taken")};
+  EXPECT_THAT(store_->InsertMany(jobs, false), StatusIs(absl::StatusCode::kAlreadyExists));
+  EXPECT_THAT(store_->Get("j_keyed"), StatusIs(absl::StatusCode::kNotFound));
+
+  Job bad = MakeJob("j_bad");
+  bad.spec.type = std::string("nul\0", 4);
+  jobs = {MakeJob("j_fine"), bad};
+  EXPECT_THAT(store_->InsertMany(jobs, false),
+              StatusIs(absl::StatusCode::kInvalidArgument, "jobs[1]."));
+  EXPECT_THAT(store_->Get("j_fine"), StatusIs(absl::StatusCode::kNotFound));
+}
+
+// Collects the payloads of NOTIFY dispatchd_jobs, the channel a standby tells the leader on.
+class JobNotifications final : public pqxx::notification_receiver {
+ public:
+  explicit JobNotifications(pqxx::connection_base& conn)
+      : pqxx::notification_receiver(conn, "dispatchd_jobs") {}
+  void operator()(const std::string& payload, int /*backend_pid*/) override {
+    payloads.push_back(payload);
+  }
+  std::vector<std::string> payloads;
+};
+
+TEST_F(PgJobStoreTest, InsertManyNotifiesTheLeaderOfEachNewRowOnlyWhenAsked) {
+  pqxx::connection conn(db_->url());
+  JobNotifications notes(conn);
+  ASSERT_THAT(store_->InsertMany({MakeJob("j_quiet")}, false), IsOk());
+  Insert(KeyedJob("j_held", "k1"));
+  ASSERT_THAT(store_->InsertMany({MakeJob("j_loud_1"), KeyedJob("j_dup", "k1"),
+                                  MakeJob("j_loud_2")},
+                                 true),
+              IsOk());
+  // NOTIFY is delivered at commit, so every payload is here once the call has returned.
+  for (int i = 0; i < 50 && notes.payloads.size() < 2; ++i) conn.await_notification(0, 100'000);
+  conn.get_notifs();
+  EXPECT_THAT(notes.payloads, UnorderedElementsAre("j_loud_1", "j_loud_2"));
 }
 
 TEST_F(PgJobStoreTest, IdempotencyKeyOfAnActiveJobIsNeverReleased) {

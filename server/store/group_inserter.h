@@ -1,0 +1,91 @@
+#pragma once
+
+#include <cstddef>
+#include <deque>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/functional/any_invocable.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "lib/job/job.h"
+#include "server/store/job_store.h"
+
+namespace dispatchd::store {
+
+// Group commit for inserts: the jobs of many concurrent Submit calls share one statement, and so
+// one round trip and one WAL flush, instead of one each.
+//
+//   GroupInserter inserter(store, {});
+//   inserter.Insert(std::move(jobs), /*notify_leader=*/false,
+//                   [](std::vector<job::Job> jobs,
+//                      absl::StatusOr<std::vector<InsertOutcome>> outcomes) { ... });
+//
+// There is no timer: a batch is whatever gathered while the previous ones were being committed,
+// up to `max_rows`. At light load a lone job goes straight to the database, so grouping adds no
+// latency; under load the batches grow until one commit carries what arrived during the last.
+// Each Insert call is a unit: its jobs are committed together or not at all, and `done` runs
+// only after the commit, so a caller that answers its client from `done` never acknowledges a
+// row that is not durable. A batch refused for any reason but an unreachable database is tried
+// again unit by unit, so that one bad unit cannot fail the others.
+//
+// Thread-safe. `done` runs on one of the inserter's threads: it must not block for long.
+class GroupInserter {
+ public:
+  struct Options {
+    // Rows per statement at most (a larger unit goes alone).
+    size_t max_rows = 1000;
+    // Statements in flight at once; each holds a pooled connection while it runs.
+    int flushers = 2;
+  };
+  // Gets the unit's jobs back (moved through the batch, not copied) and their outcomes.
+  using Done = absl::AnyInvocable<void(std::vector<job::Job> jobs,
+                                       absl::StatusOr<std::vector<InsertOutcome>> outcomes) &&>;
+
+  GroupInserter(JobStore& store, Options options);
+  // Stop().
+  ~GroupInserter();
+  GroupInserter(const GroupInserter&) = delete;
+  GroupInserter& operator=(const GroupInserter&) = delete;
+
+  // Queues `jobs` to be inserted as JobStore::InsertMany would; `done` gets one outcome per job,
+  // in order, or the error. After Stop, `done` runs at once with Unavailable.
+  void Insert(std::vector<job::Job> jobs, bool notify_leader, Done done) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Commits what is queued, then joins the threads. Idempotent.
+  void Stop() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Statements run and rows written so far (for tests and metrics).
+  struct Counts {
+    int64_t statements = 0;
+    int64_t rows = 0;
+  };
+  Counts counts() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  struct Unit {
+    std::vector<job::Job> jobs;
+    bool notify_leader = false;
+    Done done;
+  };
+
+  void Run() ABSL_LOCKS_EXCLUDED(mu_);
+  // Takes the next batch off the queue: units in order with the first one's notify flag, up to
+  // max_rows (at least one unit).
+  std::vector<Unit> TakeBatch() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Commit(std::vector<Unit> batch) ABSL_LOCKS_EXCLUDED(mu_);
+  // Inserts `units` in one statement; on success splits the outcomes among them.
+  absl::Status InsertTogether(std::vector<Unit>& units) ABSL_LOCKS_EXCLUDED(mu_);
+
+  JobStore& store_;
+  const Options options_;
+
+  mutable absl::Mutex mu_;
+  std::deque<Unit> queue_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  Counts counts_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace dispatchd::store
