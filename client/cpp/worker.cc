@@ -1,6 +1,7 @@
 #include "client/cpp/worker.h"
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstdio>
 #include <exception>
@@ -143,6 +144,58 @@ struct Worker::Session {
     absl::MutexLock l(&write_mu);
     closed = true;
   }
+
+  // Whether the daemon's Welcome said it reads Batch messages; set before any result is sent.
+  std::atomic<bool> batching = false;
+
+  // Sends a result. With batching, results that become ready while another write is under way
+  // wait for it and then go together in one Batch, written by whichever thread finds the outbox
+  // unattended: a lone result is written at once, and under load one write carries many. A
+  // result whose write fails stays unacknowledged and is sent again after the next Welcome.
+  void SendResult(v1::Result result) ABSL_LOCKS_EXCLUDED(write_mu, out_mu) {
+    if (!batching) {
+      v1::WorkerMessage m;
+      *m.mutable_result() = std::move(result);
+      Write(m);
+      return;
+    }
+    {
+      absl::MutexLock l(&out_mu);
+      outbox.push_back(std::move(result));
+      if (flushing) return;
+      flushing = true;
+    }
+    while (true) {
+      v1::WorkerMessage m;
+      {
+        absl::MutexLock l(&out_mu);
+        if (outbox.empty()) {
+          flushing = false;
+          return;
+        }
+        // Up to kMaxBatchBytes of results, and always at least one.
+        size_t n = 0, bytes = 0;
+        for (; n < outbox.size(); ++n) {
+          const size_t size = outbox[n].ByteSizeLong();
+          if (n > 0 && bytes + size > kMaxBatchBytes) break;
+          bytes += size;
+        }
+        v1::Batch* batch = m.mutable_batch();
+        for (size_t i = 0; i < n; ++i) batch->add_results()->Swap(&outbox[i]);
+        outbox.erase(outbox.begin(), outbox.begin() + static_cast<std::ptrdiff_t>(n));
+      }
+      Write(m);
+    }
+  }
+
+  // Results in one Batch at most (a larger result goes alone), well below the daemon's limit on
+  // a message.
+  static constexpr size_t kMaxBatchBytes = 1 << 20;
+
+  absl::Mutex out_mu ABSL_ACQUIRED_BEFORE(write_mu);
+  std::vector<v1::Result> outbox ABSL_GUARDED_BY(out_mu);
+  // A thread is writing the outbox out.
+  bool flushing ABSL_GUARDED_BY(out_mu) = false;
 };
 
 // A job whose handler has not returned. Fields other than `key` and `context` are guarded by
@@ -342,6 +395,7 @@ Worker::SessionEnd Worker::RunSession(const std::string& target, std::string* re
   hello.set_worker_id(options_.worker_id);
   for (const std::string& t : options_.types) hello.add_types(t);
   hello.set_slots(options_.slots);
+  hello.set_batching(true);
   for (const auto& [k, v] : options_.labels) (*hello.mutable_labels())[k] = v;
   for (const WorkerOptions::Gpu& g : options_.gpus) {
     v1::Gpu* gpu = hello.add_gpus();
@@ -410,6 +464,13 @@ Worker::SessionEnd Worker::RunSession(const std::string& target, std::string* re
           unacked_.erase(JobKey(message.result_ack().job_id(), message.result_ack().attempt()));
           break;
         }
+        case v1::DaemonMessage::kResultAcks: {
+          absl::MutexLock l(&mu_);
+          for (const v1::ResultAck& ack : message.result_acks().acks()) {
+            unacked_.erase(JobKey(ack.job_id(), ack.attempt()));
+          }
+          break;
+        }
         case v1::DaemonMessage::kDrain:
           log->info("drain requested by daemon worker={}", options_.worker_id);
           Drain();
@@ -464,6 +525,7 @@ void Worker::HandleWelcome(const std::shared_ptr<Session>& session, const v1::We
   std::vector<v1::WorkerMessage> resend;
   std::vector<JobKey> dropped;
   bool draining;
+  session->batching = welcome.batching();
   {
     absl::MutexLock l(&mu_);
     heartbeat_interval_ = interval;
@@ -494,9 +556,7 @@ void Worker::HandleWelcome(const std::shared_ptr<Session>& session, const v1::We
   for (const JobKey& key : dropped) {
     log->warn("cancelled job={} attempt={} reason=not re-adopted", key.first, key.second);
   }
-  for (const v1::WorkerMessage& m : resend) {
-    if (!session->Write(m)) return;
-  }
+  for (const v1::WorkerMessage& m : resend) session->SendResult(m.result());
   if (draining) {
     v1::WorkerMessage m;
     m.mutable_draining();
@@ -506,73 +566,110 @@ void Worker::HandleWelcome(const std::shared_ptr<Session>& session, const v1::We
 
 void Worker::HandleAssign(const std::shared_ptr<Session>& session, const v1::Assign& assign) {
   std::shared_ptr<spdlog::logger> log = Log();
-  for (const v1::Assignment& a : assign.assignments()) {
-    JobKey key(a.job_id(), a.attempt());
-    enum class Action { kAcceptNew, kAcceptAgain, kReject } action = Action::kReject;
+  // What to answer each assignment, decided one by one against the jobs running.
+  enum class Action { kAcceptNew, kAcceptAgain, kReject };
+  struct Answer {
+    const v1::Assignment* assignment;
+    Action action = Action::kReject;
     v1::Reject::Reason reason = v1::Reject::REASON_UNSPECIFIED;
     std::string detail;
-    std::optional<v1::WorkerMessage> resend;
-    std::shared_ptr<RunningJob> job;
-    int running = 0;
-    {
-      absl::MutexLock l(&mu_);
-      running = static_cast<int>(running_.size());
+    std::optional<v1::WorkerMessage> resend;  // its result, if it already finished
+    std::shared_ptr<RunningJob> job;          // kAcceptNew
+    int running = 0;                          // jobs running before it
+    bool written = false;
+  };
+  std::vector<Answer> answers;
+  answers.reserve(assign.assignments_size());
+  {
+    absl::MutexLock l(&mu_);
+    for (const v1::Assignment& a : assign.assignments()) {
+      Answer& ans = answers.emplace_back(Answer{.assignment = &a});
+      JobKey key(a.job_id(), a.attempt());
+      ans.running = static_cast<int>(running_.size());
       if (running_.contains(key)) {
-        action = Action::kAcceptAgain;
+        ans.action = Action::kAcceptAgain;
       } else if (auto it = unacked_.find(key); it != unacked_.end()) {
-        action = Action::kAcceptAgain;
-        resend = it->second;
+        ans.action = Action::kAcceptAgain;
+        ans.resend = it->second;
       } else if (shutdown_ || draining_) {
-        reason = v1::Reject::REASON_DRAINING;
-        detail = "worker is draining";
+        ans.reason = v1::Reject::REASON_DRAINING;
+        ans.detail = "worker is draining";
       } else if (!types_.contains(a.type())) {
-        reason = v1::Reject::REASON_UNSUPPORTED;
-        detail = absl::StrCat("worker does not serve type \"", a.type(), "\"");
-      } else if (running >= max_concurrent_) {
-        reason = v1::Reject::REASON_RESOURCE_EXHAUSTED;
-        detail = absl::StrCat(running, " of ", max_concurrent_, " jobs running");
+        ans.reason = v1::Reject::REASON_UNSUPPORTED;
+        ans.detail = absl::StrCat("worker does not serve type \"", a.type(), "\"");
+      } else if (ans.running >= max_concurrent_) {
+        ans.reason = v1::Reject::REASON_RESOURCE_EXHAUSTED;
+        ans.detail = absl::StrCat(ans.running, " of ", max_concurrent_, " jobs running");
       } else {
-        action = Action::kAcceptNew;
-        job = std::make_shared<RunningJob>();
-        job->key = key;
-        job->context = std::make_shared<JobContext>(a);
-        running_.emplace(key, job);
+        ans.action = Action::kAcceptNew;
+        ans.job = std::make_shared<RunningJob>();
+        ans.job->key = key;
+        ans.job->context = std::make_shared<JobContext>(a);
+        running_.emplace(key, ans.job);
       }
     }
+  }
 
-    v1::WorkerMessage out;
-    if (action == Action::kReject) {
-      v1::Reject* r = out.mutable_reject();
-      r->set_job_id(a.job_id());
-      r->set_attempt(a.attempt());
-      r->set_reason(reason);
-      r->set_message(detail);
+  // The answers go in one Batch where the daemon reads them, else one message each. A job
+  // starts only once its Accept is written.
+  auto fill = [](const Answer& ans, v1::Accept* accept, v1::Reject* reject) {
+    const v1::Assignment& a = *ans.assignment;
+    if (ans.action == Action::kReject) {
+      reject->set_job_id(a.job_id());
+      reject->set_attempt(a.attempt());
+      reject->set_reason(ans.reason);
+      reject->set_message(ans.detail);
     } else {
-      v1::Accept* acc = out.mutable_accept();
-      acc->set_job_id(a.job_id());
-      acc->set_attempt(a.attempt());
+      accept->set_job_id(a.job_id());
+      accept->set_attempt(a.attempt());
     }
-    bool written = session->Write(out);
+  };
+  if (session->batching && answers.size() > 1) {
+    v1::WorkerMessage out;
+    v1::Batch* batch = out.mutable_batch();
+    for (const Answer& ans : answers) {
+      if (ans.action == Action::kReject) {
+        fill(ans, nullptr, batch->add_rejects());
+      } else {
+        fill(ans, batch->add_accepts(), nullptr);
+      }
+    }
+    const bool written = session->Write(out);
+    for (Answer& ans : answers) ans.written = written;
+  } else {
+    for (Answer& ans : answers) {
+      v1::WorkerMessage out;
+      if (ans.action == Action::kReject) {
+        fill(ans, nullptr, out.mutable_reject());
+      } else {
+        fill(ans, out.mutable_accept(), nullptr);
+      }
+      ans.written = session->Write(out);
+    }
+  }
 
-    switch (action) {
+  for (Answer& ans : answers) {
+    const v1::Assignment& a = *ans.assignment;
+    switch (ans.action) {
       case Action::kReject:
         log->info("rejected job={} attempt={} reason={} detail={}", a.job_id(), a.attempt(),
-                  ReasonName(reason), detail);
+                  ReasonName(ans.reason), ans.detail);
         break;
       case Action::kAcceptAgain:
         log->info("accepted again job={} attempt={} (already held)", a.job_id(), a.attempt());
-        if (resend.has_value() && written) session->Write(*resend);
+        if (ans.resend.has_value() && ans.written) session->SendResult(ans.resend->result());
         break;
       case Action::kAcceptNew: {
+        const JobKey& key = ans.job->key;
         absl::MutexLock l(&mu_);
-        if (!written) {
+        if (!ans.written) {
           // The daemon never saw the Accept: it will offer the job again.
           running_.erase(key);
           if (draining_ && running_.empty()) jobs_done_at_ = absl::Now();
           log->warn("accept not delivered job={} attempt={}", a.job_id(), a.attempt());
           break;
         }
-        if (!StartJob(job)) {
+        if (!StartJob(ans.job)) {
           running_.erase(key);
           v1::WorkerMessage result;
           v1::Result* r = result.mutable_result();
@@ -585,7 +682,7 @@ void Worker::HandleAssign(const std::shared_ptr<Session>& session, const v1::Ass
           break;
         }
         log->info("accepted job={} attempt={} type={} running={}", a.job_id(), a.attempt(),
-                  a.type(), running + 1);
+                  a.type(), ans.running + 1);
         break;
       }
     }
@@ -753,7 +850,7 @@ void Worker::RunJob(std::shared_ptr<RunningJob> job) {
   }
   log->info("finished job={} attempt={} ok={} run_time={}{}{}", key.first, key.second, outcome.ok,
             absl::FormatDuration(run_time), outcome.ok ? "" : " error=", outcome.message);
-  if (session != nullptr) session->Write(message);
+  if (session != nullptr) session->SendResult(std::move(*message.mutable_result()));
 }
 
 void Worker::Drain() {

@@ -224,6 +224,11 @@ void Dispatcher::WorkerMessage(std::shared_ptr<WorkerLink> link, v1::WorkerMessa
       case v1::WorkerMessage::kAccept: OnAccept(worker_id, msg.accept(), now); break;
       case v1::WorkerMessage::kReject: OnReject(worker_id, msg.reject()); break;
       case v1::WorkerMessage::kResult: OnResult(worker_id, msg.result(), now); break;
+      case v1::WorkerMessage::kBatch:
+        for (const v1::Accept& a : msg.batch().accepts()) OnAccept(worker_id, a, now);
+        for (const v1::Reject& r : msg.batch().rejects()) OnReject(worker_id, r);
+        for (const v1::Result& r : msg.batch().results()) OnResult(worker_id, r, now);
+        break;
       case v1::WorkerMessage::kHeartbeat:
         scheduler_.Heartbeat(worker_id);
         CheckMemory(worker_id, msg.heartbeat());
@@ -310,6 +315,7 @@ void Dispatcher::Loop() {
     }
     CommitTurn(now);
     PublishLoad(now);
+    FlushAcks();
   }
 }
 
@@ -589,6 +595,7 @@ void Dispatcher::OnHello(const std::shared_ptr<WorkerLink>& link, const v1::Hell
   v1::Welcome* w = welcome.mutable_welcome();
   convert::ToProto(config_.heartbeat_interval, w->mutable_heartbeat_interval());
   w->set_session_id(absl::StrCat(worker_id, "/", next_session_++));
+  w->set_batching(true);
 
   // Re-adopt the jobs the worker still runs, if they are still its to run.
   absl::flat_hash_set<std::string> adopted;
@@ -694,10 +701,6 @@ void Dispatcher::OnReject(const std::string& worker_id, const v1::Reject& reject
 
 void Dispatcher::OnResult(const std::string& worker_id, const v1::Result& result,
                           absl::Time now) {
-  v1::DaemonMessage ack;
-  ack.mutable_result_ack()->set_job_id(result.job_id());
-  ack.mutable_result_ack()->set_attempt(result.attempt());
-
   auto it = jobs_.find(result.job_id());
   bool current = false;
   if (it != jobs_.end()) {
@@ -712,7 +715,7 @@ void Dispatcher::OnResult(const std::string& worker_id, const v1::Result& result
   if (!current || it->second.parked != Parked::kNo) {
     server::Log("dispatch")->info("discarded stale result job={} attempt={} worker={}",
                                   result.job_id(), result.attempt(), worker_id);
-    SendTo(worker_id, std::move(ack));
+    SendAck(worker_id, result.job_id(), result.attempt());
     return;
   }
   Entry& e = it->second;
@@ -741,7 +744,7 @@ void Dispatcher::OnResult(const std::string& worker_id, const v1::Result& result
     ++unwritten_successes_;
     return;
   }
-  SendTo(worker_id, std::move(ack));
+  SendAck(worker_id, job_id, result.attempt());
 }
 
 void Dispatcher::OnDisconnect(const std::shared_ptr<WorkerLink>& link, absl::Time now) {
@@ -1061,10 +1064,28 @@ void Dispatcher::Requeue(Entry& entry, absl::Time not_before) {
 }
 
 void Dispatcher::SendAck(const std::string& worker_id, const std::string& job_id, int32_t attempt) {
-  v1::DaemonMessage ack;
-  ack.mutable_result_ack()->set_job_id(job_id);
-  ack.mutable_result_ack()->set_attempt(attempt);
-  SendTo(worker_id, std::move(ack));
+  v1::ResultAck* ack = unsent_acks_[worker_id].add_acks();
+  ack->set_job_id(job_id);
+  ack->set_attempt(attempt);
+}
+
+void Dispatcher::FlushAcks() {
+  for (auto& [worker_id, acks] : unsent_acks_) {
+    auto it = sessions_.find(worker_id);
+    if (it == sessions_.end() || !it->second.link) continue;
+    if (it->second.hello.batching()) {
+      v1::DaemonMessage msg;
+      *msg.mutable_result_acks() = std::move(acks);
+      it->second.link->Send(std::move(msg));
+      continue;
+    }
+    for (v1::ResultAck& ack : *acks.mutable_acks()) {
+      v1::DaemonMessage msg;
+      *msg.mutable_result_ack() = std::move(ack);
+      it->second.link->Send(std::move(msg));
+    }
+  }
+  unsent_acks_.clear();
 }
 
 void Dispatcher::SendTo(const std::string& worker_id, v1::DaemonMessage msg) {

@@ -202,7 +202,10 @@ class Dispatcher {
                    const std::vector<std::string>& claimed, absl::Time now);
   // The claim of `decisions` failed: back to the queue, and dispatching pauses.
   void RetractClaims(const std::vector<sched::Dispatch>& decisions, absl::Time now);
+  // Acknowledges a worker's result once its outcome is durable (or known to be stale). Acks are
+  // sent at the end of the loop turn, all of a worker's in one ResultAcks if it reads them.
   void SendAck(const std::string& worker_id, const std::string& job_id, int32_t attempt);
+  void FlushAcks();
   // Whether the job's attempt runs on its worker (RUNNING, or accepted and not yet marked), and
   // the attempt its worker holds.
   static bool Runs(const Entry& e) { return e.job.state == job::JobState::kRunning || e.accepted; }
@@ -253,6 +256,8 @@ class Dispatcher {
   // When CommitTurn must run next: a RUNNING mark falls due, or a paused write may go again.
   absl::Time next_flush_ = absl::InfiniteFuture();
   std::vector<ParkedWrite> parked_;       // outcomes to write once the database answers
+  // Acks of this loop turn, by worker, sent by FlushAcks.
+  absl::flat_hash_map<std::string, v1::ResultAcks> unsent_acks_;
   absl::Time next_sweep_ = absl::InfinitePast();
   absl::Time next_expiry_ = absl::InfinitePast();
   absl::Time next_audit_ = absl::InfinitePast();

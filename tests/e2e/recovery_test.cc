@@ -3,6 +3,7 @@
 // The misbehaving worker speaks the raw protocol (fake_worker.h); the others are dispatch-worker.
 
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -310,6 +311,83 @@ TEST_F(RecoveryTest, QueuedRowTheDaemonNeverHeardOfIsFoundAndRun) {
   absl::StatusOr<v1::StatsResponse> stats = Stats(*d);
   ASSERT_TRUE(stats.ok());
   EXPECT_GE(stats->accounting_repairs(), 1);
+}
+
+// A worker that reads the batched protocol gets its answers and results applied from one Batch,
+// and all the acknowledgements of a turn in one ResultAcks; a lost ack is made good by the
+// resend after a reconnect, as with single messages.
+TEST_F(RecoveryTest, BatchedAnswersAndResultsAreAppliedAndAcknowledgedTogether) {
+  auto d = StartDaemon();
+  ASSERT_NE(d, nullptr);
+  v1::Hello hello = FakeHello("batcher");
+  hello.set_slots(4);
+  hello.set_batching(true);
+  FakeWorker w(d->address(), hello);
+  std::optional<v1::DaemonMessage> welcome =
+      w.Next([](const v1::DaemonMessage& m) { return m.has_welcome(); }, absl::Seconds(10));
+  ASSERT_TRUE(welcome.has_value());
+  EXPECT_TRUE(welcome->welcome().batching());
+
+  std::vector<std::string> ids;
+  for (int i = 0; i < 4; ++i) {
+    absl::StatusOr<std::string> id = d->Submit(Spec("echo", absl::StrCat("job ", i)));
+    ASSERT_TRUE(id.ok()) << id.status();
+    ids.push_back(*id);
+  }
+  std::vector<v1::Assignment> assigned;
+  while (assigned.size() < 4) {
+    std::optional<v1::Assignment> a = w.NextAssignment(absl::Seconds(10));
+    ASSERT_TRUE(a.has_value()) << "only " << assigned.size() << " of 4 assigned";
+    assigned.push_back(*a);
+  }
+  // Accept three and refuse one in one message; then two results in one message.
+  v1::WorkerMessage answers;
+  for (int i = 0; i < 3; ++i) {
+    v1::Accept* a = answers.mutable_batch()->add_accepts();
+    a->set_job_id(assigned[i].job_id());
+    a->set_attempt(assigned[i].attempt());
+  }
+  v1::Reject* r = answers.mutable_batch()->add_rejects();
+  r->set_job_id(assigned[3].job_id());
+  r->set_attempt(assigned[3].attempt());
+  r->set_reason(v1::Reject::REASON_RESOURCE_EXHAUSTED);
+  ASSERT_TRUE(w.Send(answers));
+  v1::WorkerMessage results;
+  for (int i = 0; i < 2; ++i) {
+    v1::Result* res = results.mutable_batch()->add_results();
+    res->set_job_id(assigned[i].job_id());
+    res->set_attempt(assigned[i].attempt());
+    res->set_output(absl::StrCat("out ", i));
+  }
+  ASSERT_TRUE(w.Send(results));
+
+  std::set<std::string> acked;
+  while (acked.size() < 2) {
+    std::optional<v1::DaemonMessage> m = w.Next(
+        [](const v1::DaemonMessage& m) { return m.has_result_acks() || m.has_result_ack(); },
+        absl::Seconds(10));
+    ASSERT_TRUE(m.has_value()) << "acknowledged " << acked.size() << " of 2";
+    ASSERT_TRUE(m->has_result_acks()) << "a batching worker gets ResultAcks";
+    for (const v1::ResultAck& ack : m->result_acks().acks()) acked.insert(ack.job_id());
+  }
+  EXPECT_THAT(acked, ::testing::UnorderedElementsAre(assigned[0].job_id(), assigned[1].job_id()));
+  for (int i = 0; i < 2; ++i) {
+    absl::StatusOr<v1::Job> j = d->Status(assigned[i].job_id());
+    ASSERT_TRUE(j.ok()) << j.status();
+    EXPECT_EQ(j->state(), v1::JOB_STATE_SUCCEEDED);
+    EXPECT_EQ(j->result(), absl::StrCat("out ", i));
+  }
+  // The third runs (its accept counted), and the refused one is offered again at the same attempt.
+  std::optional<v1::Assignment> again = w.NextAssignment(absl::Seconds(10));
+  ASSERT_TRUE(again.has_value());
+  EXPECT_EQ(again->job_id(), assigned[3].job_id());
+  EXPECT_EQ(again->attempt(), assigned[3].attempt());
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        absl::StatusOr<v1::Job> j = d->Status(assigned[2].job_id());
+        return j.ok() && j->state() == v1::JOB_STATE_RUNNING;
+      },
+      absl::Seconds(10)));
 }
 
 }  // namespace

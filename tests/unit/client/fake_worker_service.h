@@ -129,10 +129,16 @@ inline Pred IsResult(const std::string& id) {
   return [id](const v1::WorkerMessage& m) { return m.has_result() && m.result().job_id() == id; };
 }
 
+inline Pred IsBatch() {
+  return [](const v1::WorkerMessage& m) { return m.has_batch(); };
+}
+
 inline v1::DaemonMessage Welcome(absl::Duration heartbeat = absl::Seconds(10),
-                          const std::vector<std::string>& adopted = {}) {
+                                 const std::vector<std::string>& adopted = {},
+                                 bool batching = false) {
   v1::DaemonMessage m;
   v1::Welcome* w = m.mutable_welcome();
+  w->set_batching(batching);
   w->mutable_heartbeat_interval()->set_seconds(absl::ToInt64Seconds(heartbeat));
   w->mutable_heartbeat_interval()->set_nanos(
       static_cast<int32_t>(absl::ToInt64Nanoseconds(heartbeat % absl::Seconds(1))));
@@ -153,6 +159,16 @@ inline v1::DaemonMessage Assign(const std::vector<std::pair<std::string, std::st
     a->set_attempt(1);
     a->set_type(type);
     a->set_payload("payload-" + id);
+  }
+  return m;
+}
+
+inline v1::DaemonMessage Acks(const std::vector<std::string>& ids) {
+  v1::DaemonMessage m;
+  for (const std::string& id : ids) {
+    v1::ResultAck* ack = m.mutable_result_acks()->add_acks();
+    ack->set_job_id(id);
+    ack->set_attempt(1);
   }
   return m;
 }

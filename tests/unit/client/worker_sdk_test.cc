@@ -40,6 +40,8 @@ using ::dispatchd::client::fake::IsResult;
 using ::dispatchd::client::fake::Welcome;
 using ::dispatchd::client::fake::Assign;
 using ::dispatchd::client::fake::Ack;
+using ::dispatchd::client::fake::Acks;
+using ::dispatchd::client::fake::IsBatch;
 
 // Handlers that hold their jobs until released or cancelled, and record what they saw.
 class Gate {
@@ -254,6 +256,57 @@ TEST_F(WorkerSdkTest, ResultsAreResentAfterReconnectUntilAcknowledged) {
     if (m.has_result()) resent_ids.push_back(m.result().job_id());
   }
   EXPECT_THAT(resent_ids, ElementsAre("j3"));
+}
+
+TEST_F(WorkerSdkTest, WithBatchingAnswersAndResultsShareMessagesAndAcksComeTogether) {
+  StartWorker({.slots = 4, .max_concurrent = 3}, gate_.MakeHandler());
+  std::shared_ptr<FakeSession> s = service_.WaitSession(0);
+  ASSERT_NE(s, nullptr);
+  std::optional<v1::WorkerMessage> hello = s->WaitFor(IsHello());
+  ASSERT_TRUE(hello.has_value());
+  EXPECT_TRUE(hello->hello().batching());
+  ASSERT_TRUE(s->Send(Welcome(absl::Seconds(10), {}, /*batching=*/true)));
+
+  // One Assign of four: one Batch answers all of it.
+  ASSERT_TRUE(s->Send(Assign({{"j1", "a"}, {"j2", "a"}, {"j3", "a"}, {"j4", "a"}})));
+  std::optional<v1::WorkerMessage> answers = s->WaitFor(IsBatch());
+  ASSERT_TRUE(answers.has_value());
+  std::vector<std::string> accepted, rejected;
+  for (const v1::Accept& a : answers->batch().accepts()) accepted.push_back(a.job_id());
+  for (const v1::Reject& r : answers->batch().rejects()) {
+    rejected.push_back(r.job_id());
+    EXPECT_EQ(r.reason(), v1::Reject::REASON_RESOURCE_EXHAUSTED);
+  }
+  EXPECT_THAT(accepted, ElementsAre("j1", "j2", "j3"));
+  EXPECT_THAT(rejected, ElementsAre("j4"));
+  ASSERT_TRUE(gate_.WaitStarted(3));
+
+  // Released together, the three results arrive in Batch messages only.
+  gate_.Release();
+  std::set<std::string> results;
+  for (absl::Time end = absl::Now() + kWait; results.size() < 3 && absl::Now() < end;
+       absl::SleepFor(absl::Milliseconds(5))) {
+    for (const v1::WorkerMessage& m : s->Received()) {
+      for (const v1::Result& r : m.batch().results()) results.insert(r.job_id());
+    }
+  }
+  EXPECT_THAT(results, UnorderedElementsAre("j1", "j2", "j3"));
+  for (const v1::WorkerMessage& m : s->Received()) {
+    EXPECT_FALSE(m.has_result() || m.has_accept() || m.has_reject()) << m.ShortDebugString();
+  }
+
+  // One ResultAcks settles two of them: after a reconnect only the third is still held.
+  ASSERT_TRUE(s->Send(Acks({"j1", "j3"})));
+  ASSERT_TRUE(s->Send(Assign({{"j5", "a"}})));  // answered after the acks were read
+  ASSERT_TRUE(s->WaitFor(IsAccept("j5")).has_value());
+  s->Close();
+  std::shared_ptr<FakeSession> s2 = service_.WaitSession(1);
+  ASSERT_NE(s2, nullptr);
+  std::optional<v1::WorkerMessage> again = s2->WaitFor(IsHello());
+  ASSERT_TRUE(again.has_value());
+  std::set<std::string> held;
+  for (const v1::HeldJob& h : again->hello().running_jobs()) held.insert(h.job_id());
+  EXPECT_THAT(held, UnorderedElementsAre("j2", "j5"));
 }
 
 TEST_F(WorkerSdkTest, HeldResultTheDaemonDoesNotAdoptIsDropped) {
