@@ -156,13 +156,27 @@ def queue_noop_jobs(url, n, jtype):
 # Scenarios. Each returns one dict of figures per run.
 
 
-def run_drain(b, i):
+def keep_finished_jobs(url, n, jtype):
+    """Adds n SUCCEEDED jobs that finished within the last hour, as a busy day leaves them."""
+    psql(url, "INSERT INTO jobs (id, type, payload, state, attempt, max_attempts, timeout_ms, "
+              "worker_id, result, created_at, dispatched_at, finished_at, updated_at) "
+              f"SELECT 'f' || i, '{jtype}', 'x'::bytea, 'SUCCEEDED', 1, 3, 60000, 'w1', "
+              "'x'::bytea, t, t, t, t FROM (SELECT i, now() - (i % 3600) * interval '1 second' "
+              f"AS t FROM generate_series(1, {int(n)}) AS i) s", timeout=3600)
+
+
+def drain_once(b, name, jobs, finished=0):
+    """One drain: `jobs` queued no-op jobs (after `finished` SUCCEEDED ones kept for Status),
+    loaded by a fresh daemon and drained by the workers. Figures from the job rows."""
     a = b.args
-    d = Daemon(b, f"drain-{i}")
+    d = Daemon(b, name)
     try:
         d.start(["noop"])  # creates the schema
         d.stop()
-        queue_noop_jobs(d.url, a.jobs, "noop")
+        if finished:
+            keep_finished_jobs(d.url, finished, "noop")
+        queue_noop_jobs(d.url, jobs, "noop")
+        started = time.time()
         load_s = d.start(["noop"])
         d.start_workers(a.workers, ["noop"], a.slots)
         peak_rss = 0
@@ -176,16 +190,33 @@ def run_drain(b, i):
                 raise BenchError(f"drain did not finish in {a.timeout} s; logs in {d.dir}")
             time.sleep(0.5)
         row = psql(d.url, "SELECT count(*), extract(epoch FROM max(finished_at) - "
-                          "min(dispatched_at)), count(*) FILTER (WHERE state = 'SUCCEEDED') "
-                          "FROM jobs")[0]
+                          "min(dispatched_at)), count(*) FILTER (WHERE state = 'SUCCEEDED'), "
+                          "extract(epoch FROM min(dispatched_at)) "
+                          "FROM jobs WHERE id NOT LIKE 'f%'")[0]
         n, span, ok = int(row[0]), float(row[1]), int(row[2])
-        if ok != n:
-            raise BenchError(f"drain: {n - ok} of {n} jobs did not succeed; logs in {d.dir}")
+        if ok != n or n != jobs:
+            raise BenchError(f"drain: {ok} of {jobs} jobs succeeded ({n} rows); logs in {d.dir}")
         return {"jobs": n, "seconds": round(span, 3), "jobs_per_s": round(n / span),
-                "load_s": round(load_s, 2), "daemon_peak_rss_mib": round(peak_rss / 1024, 1)}
+                "load_s": round(load_s, 2),
+                "first_dispatch_s": round(float(row[3]) - started, 2),
+                "daemon_peak_rss_mib": round(peak_rss / 1024, 1)}
     finally:
         d.stop()
         d.drop()
+
+
+def run_drain(b, i):
+    return drain_once(b, f"drain-{i}", b.args.jobs)
+
+
+def run_retained(b, i):
+    """drain with --retained finished jobs kept, beside a plain drain in the same sitting."""
+    plain = drain_once(b, f"drain-{i}", b.args.jobs)
+    kept = drain_once(b, f"retained-{i}", b.args.jobs, finished=b.args.retained)
+    out = {"retained": b.args.retained, "drain_jobs_per_s": plain["jobs_per_s"]}
+    out.update(kept)
+    out["ratio_to_drain"] = round(kept["jobs_per_s"] / plain["jobs_per_s"], 3)
+    return out
 
 
 def run_peer_drain(b):
@@ -204,7 +235,7 @@ def run_peer_drain(b):
     return {"runs": runs, "median": statistics.median(runs), "best": int(best.group(1))}
 
 
-SCENARIOS = {"drain": run_drain}
+SCENARIOS = {"drain": run_drain, "retained": run_retained}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -238,6 +269,8 @@ def main():
     p.add_argument("--jobs", type=int, default=100000)
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--slots", type=int, default=64)
+    p.add_argument("--retained", type=int, default=5000000,
+                   help="retained: finished jobs kept in the database")
     p.add_argument("--timeout", type=float, default=900, help="seconds one run may take")
     p.add_argument("--pg-url", help="use this PostgreSQL server (a database per run is created)")
     p.add_argument("--build", default=os.path.join(REPO, "build"))

@@ -51,6 +51,9 @@ struct JobSpec {
 // A job as recorded by the store.
 struct Job {
   std::string id;
+  // Arrival order in the store, assigned when the row is inserted (0: not stored yet). FIFO
+  // within a queue follows it.
+  int64_t seq = 0;
   JobSpec spec;
   JobState state = JobState::kQueued;
   int32_t attempt = 0;  // attempts started (accepted by a worker)

@@ -382,14 +382,15 @@ void Dispatcher::DispatchReady(absl::Time now) {
     for (const sched::Dispatch& d : decisions) {
       claims.push_back(store::ClaimRequest{d.job_id, d.attempt, d.worker_id});
     }
-    absl::StatusOr<std::vector<std::string>> claimed = store_.Claim(claims);
+    std::vector<std::string> payloads;
+    absl::StatusOr<std::vector<std::string>> claimed = store_.Claim(claims, &payloads);
     if (!claimed.ok()) {
       server::Log("dispatch")->warn("claim failed jobs={} status={}", claims.size(),
                                     claimed.status().ToString());
       RetractClaims(decisions, now);
       return;
     }
-    ApplyClaims(decisions, *claimed, now);
+    ApplyClaims(decisions, *claimed, payloads, now);
     if (decisions.size() < kMaxDispatchesPerRound) return;
   }
 }
@@ -405,8 +406,13 @@ void Dispatcher::RetractClaims(const std::vector<sched::Dispatch>& decisions, ab
 }
 
 void Dispatcher::ApplyClaims(const std::vector<sched::Dispatch>& decisions,
-                             const std::vector<std::string>& claimed, absl::Time now) {
-  absl::flat_hash_set<std::string> won(claimed.begin(), claimed.end());
+                             const std::vector<std::string>& claimed,
+                             std::vector<std::string>& payloads, absl::Time now) {
+  // The claim returned each payload: the loop keeps none in memory.
+  absl::flat_hash_map<std::string, std::string*> won;
+  for (size_t i = 0; i < claimed.size(); ++i) {
+    won[claimed[i]] = i < payloads.size() ? &payloads[i] : nullptr;
+  }
   absl::flat_hash_map<std::string, v1::DaemonMessage> assigns;
   for (const sched::Dispatch& d : decisions) {
     auto it = jobs_.find(d.job_id);
@@ -441,7 +447,11 @@ void Dispatcher::ApplyClaims(const std::vector<sched::Dispatch>& decisions,
     a->set_job_id(j.id);
     a->set_attempt(j.attempt + 1);
     a->set_type(j.spec.type);
-    a->set_payload(j.spec.payload);
+    if (std::string* payload = won[d.job_id]; payload != nullptr) {
+      a->set_payload(std::move(*payload));
+    } else {
+      a->set_payload(j.spec.payload);
+    }
     a->set_resource_id(j.spec.resource_id);
     convert::ToProto(now + j.spec.timeout, a->mutable_deadline());
     if (const config::JobTypeConfig* t = TypeOf(j)) a->set_model(t->model);
@@ -933,7 +943,8 @@ void Dispatcher::CommitTurn(absl::Time now) {
         if (m.ok()) alone.marked = *std::move(m);
       }
       if (!writes.claims.empty()) {
-        absl::StatusOr<std::vector<std::string>> c = store_.Claim(writes.claims);
+        absl::StatusOr<std::vector<std::string>> c =
+            store_.Claim(writes.claims, &alone.claimed_payloads);
         claimed = c.status();
         if (c.ok()) alone.claimed = *std::move(c);
       }
@@ -954,7 +965,7 @@ void Dispatcher::CommitTurn(absl::Time now) {
       writes_paused_until_ = now + kStoreErrorPause;
     }
     if (claimed.ok()) {
-      ApplyClaims(decisions, alone.claimed, now);
+      ApplyClaims(decisions, alone.claimed, alone.claimed_payloads, now);
     } else if (!decisions.empty()) {
       RetractClaims(decisions, now);
     }
@@ -963,7 +974,7 @@ void Dispatcher::CommitTurn(absl::Time now) {
   }
   ApplyFinishes(successes, out->finished);
   ApplyMarks(writes.marks, out->marked);
-  ApplyClaims(decisions, out->claimed, now);
+  ApplyClaims(decisions, out->claimed, out->claimed_payloads, now);
   // A full round: more may be ready; they go in rounds of their own.
   if (decisions.size() == kMaxDispatchesPerRound) DispatchReady(now);
 }

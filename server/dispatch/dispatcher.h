@@ -197,9 +197,11 @@ class Dispatcher {
                      const std::vector<std::string>& finished_ids);
   void ApplyMarks(const std::vector<store::MarkRequest>& marks,
                   const std::vector<std::string>& marked_ids);
-  // Assigns the claimed jobs to their workers; the rest go back to the queue.
+  // Assigns the claimed jobs to their workers, with the payloads the claim returned (moved
+  // out); the rest go back to the queue.
   void ApplyClaims(const std::vector<sched::Dispatch>& decisions,
-                   const std::vector<std::string>& claimed, absl::Time now);
+                   const std::vector<std::string>& claimed, std::vector<std::string>& payloads,
+                   absl::Time now);
   // The claim of `decisions` failed: back to the queue, and dispatching pauses.
   void RetractClaims(const std::vector<sched::Dispatch>& decisions, absl::Time now);
   // Acknowledges a worker's result once its outcome is durable (or known to be stale). Acks are

@@ -16,6 +16,8 @@ struct InsertOutcome {
   std::string job_id;
   // True when (fairness_key, idempotency_key) matched an existing job and nothing was inserted.
   bool deduplicated = false;
+  // The new row's arrival order (job::Job::seq); 0 when deduplicated.
+  int64_t seq = 0;
 };
 
 // One claim: QUEUED -> DISPATCHED to `worker_id`, if the row is still QUEUED at `attempt`.
@@ -51,6 +53,25 @@ struct TurnWrites {
 };
 struct TurnOutcome {
   std::vector<std::string> finished, marked, claimed;  // ids, as FinishMany, ... return them
+  std::vector<std::string> claimed_payloads;  // the payload of each claimed job, as Claim's
+};
+
+// The QUEUED jobs of one queue (a job type and a fairness key), as the dispatcher pages them.
+struct QueueCount {
+  std::string type;
+  std::string fairness_key;
+  int64_t queued = 0;  // QUEUED rows
+  int64_t up_to_bound = 0;  // of those, rows with seq <= the bound asked about (CountQueued)
+};
+struct QueueBound {
+  std::string type;
+  std::string fairness_key;
+  int64_t bound = 0;
+};
+// Every queue with QUEUED rows, and the first rows of each.
+struct QueuedHeads {
+  std::vector<QueueCount> queues;
+  std::vector<job::Job> jobs;  // per queue in seq order, without payloads
 };
 
 // Job counts by type and state (every state, terminal ones included while retained).
@@ -113,13 +134,34 @@ class JobStore {
   virtual absl::StatusOr<std::vector<job::Job>> GetMany(
       const std::vector<std::string>& job_ids) = 0;
 
-  // Every job in QUEUED, DISPATCHED or RUNNING, oldest first (for recovery at start).
+  // Every job in QUEUED, DISPATCHED or RUNNING, oldest first.
   virtual absl::StatusOr<std::vector<job::Job>> LoadActive() = 0;
 
+  // What the dispatcher loads. Jobs come without their payloads (job.spec.payload is empty): a
+  // claim returns the payload when it is needed.
+  //
+  // Every DISPATCHED and RUNNING job, oldest first.
+  virtual absl::StatusOr<std::vector<job::Job>> LoadPlaced() = 0;
+  // Every queue with QUEUED rows, with its count, and its first `per_queue` rows by seq.
+  virtual absl::StatusOr<QueuedHeads> LoadQueuedHeads(int64_t per_queue) = 0;
+  // The QUEUED rows of one queue with seq > `after_seq`, at most `limit`, by seq.
+  virtual absl::StatusOr<std::vector<job::Job>> LoadQueuedPage(const std::string& type,
+                                                               const std::string& fairness_key,
+                                                               int64_t after_seq,
+                                                               int64_t limit) = 0;
+  // Every queue with QUEUED rows, with its count and how many of them have seq <= the queue's
+  // entry in `bounds` (0 for a queue not named).
+  virtual absl::StatusOr<std::vector<QueueCount>> CountQueued(
+      const std::vector<QueueBound>& bounds) = 0;
+
   // Claims jobs with SELECT ... FOR UPDATE SKIP LOCKED: a row another session holds is skipped,
-  // never waited on. Returns the ids actually claimed (a subset of the requests).
-  virtual absl::StatusOr<std::vector<std::string>> Claim(
-      const std::vector<ClaimRequest>& claims) = 0;
+  // never waited on. Returns the ids actually claimed (a subset of the requests), and, if
+  // `payloads` is not null, fills it with their payloads in the same order.
+  virtual absl::StatusOr<std::vector<std::string>> Claim(const std::vector<ClaimRequest>& claims,
+                                                         std::vector<std::string>* payloads) = 0;
+  absl::StatusOr<std::vector<std::string>> Claim(const std::vector<ClaimRequest>& claims) {
+    return Claim(claims, nullptr);
+  }
 
   // DISPATCHED at attempt-1 -> RUNNING at `attempt` on `worker_id` (the worker accepted).
   // Also adopts a row that is already RUNNING at `attempt` on any worker (a re-attach), setting

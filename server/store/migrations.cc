@@ -109,10 +109,22 @@ CREATE TABLE dispatchd_leader (
 INSERT INTO dispatchd_leader (id, epoch) VALUES (1, 0);
 )sql";
 
+// Version 4: the dispatcher pages queued jobs in by queue.
+//
+// - A queue is a job type and a fairness key. The daemon holds the first rows of each queue (by
+//   seq) in memory and reads the next ones as it dispatches, so that its memory and start-up
+//   time follow the queues' heads, not the whole backlog. This index serves that read (a range
+//   scan per queue) and the counts per queue (an index-only scan).
+// - Partial on QUEUED like jobs_queued_by_arrival: a claim moves the row out of it.
+constexpr char kMigration4QueuedByQueue[] = R"sql(
+CREATE INDEX jobs_queued_by_queue ON jobs (type, fairness_key, seq) WHERE state = 'QUEUED';
+)sql";
+
 constexpr Migration kMigrations[] = {
     {1, "jobs table", kMigration1Jobs},
     {2, "idempotency window", kMigration2IdempotencyWindow},
     {3, "leader", kMigration3Leader},
+    {4, "queued jobs by queue", kMigration4QueuedByQueue},
 };
 
 }  // namespace

@@ -48,9 +48,10 @@ struct Statement {
   const char* sql;
 };
 
-// Columns of a job, in the order RowToJob reads them (see enum Col).
-#define DISPATCHD_PG_JOB_COLUMNS                                                              \
-  "id, type, payload, resource_id, fairness_key, "                                            \
+// Columns of a job, in the order RowToJob reads them (see enum Col), with `payload` the
+// expression read as the payload.
+#define DISPATCHD_PG_JOB_COLUMNS_WITH(payload)                                                \
+  "id, type, " payload ", resource_id, fairness_key, "                                        \
   "coalesce(released_idempotency_key, idempotency_key), max_attempts, timeout_ms, "           \
   "(extract(epoch FROM dispatch_deadline_at - created_at) * 1000000)::int8, "                 \
   "(extract(epoch FROM not_before) * 1000000)::int8, "                                        \
@@ -60,7 +61,10 @@ struct Statement {
   "(extract(epoch FROM dispatched_at) * 1000000)::int8, "                                     \
   "(extract(epoch FROM started_at) * 1000000)::int8, "                                        \
   "(extract(epoch FROM finished_at) * 1000000)::int8, "                                       \
-  "(extract(epoch FROM updated_at) * 1000000)::int8"
+  "(extract(epoch FROM updated_at) * 1000000)::int8, seq"
+#define DISPATCHD_PG_JOB_COLUMNS DISPATCHD_PG_JOB_COLUMNS_WITH("payload")
+// The dispatcher's loads leave payloads in the database: a claim returns them.
+#define DISPATCHD_PG_JOB_COLUMNS_NO_PAYLOAD DISPATCHD_PG_JOB_COLUMNS_WITH("''::bytea")
 
 #define DISPATCHD_PG_ACTIVE_STATES "('QUEUED', 'DISPATCHED', 'RUNNING')"
 
@@ -95,6 +99,7 @@ enum Col {
   kColStartedUs,
   kColFinishedUs,
   kColUpdatedUs,
+  kColSeq,
 };
 
 // $1 id, $2 type, $3 payload (binary), $4 resource_id, $5 fairness_key, $6 idempotency_key,
@@ -109,7 +114,7 @@ VALUES ($1, $2, $3, $4, $5, $6, jsonb_object($7::text[], $8::text[]), 'QUEUED', 
         $10::int8, now() + $11::int8 * interval '1 microsecond',
         timestamptz 'epoch' + $12::int8 * interval '1 microsecond', now(), now())
 ON CONFLICT (fairness_key, idempotency_key) WHERE idempotency_key <> '' DO NOTHING
-RETURNING id)sql"};
+RETURNING id, seq)sql"};
 
 // Many kInsertJob in one statement, in array order (so seq follows it): $1 ids, $2 types, $3
 // payloads (hex), $4 resource ids, $5 fairness keys, $6 idempotency keys, $7 label keys and $8
@@ -117,7 +122,8 @@ RETURNING id)sql"};
 // dispatch deadlines (us, NULL: none), $12 not_before (us since the epoch, NULL: none): parallel
 // arrays, one element per job. $13: whether to NOTIFY the leader of each new row, in the same
 // statement so that the notification goes out exactly when the rows commit. Returns the ids
-// inserted; a row left out met an existing (or earlier in the same array) idempotency key.
+// inserted and their seq; a row left out met an existing (or earlier in the same array)
+// idempotency key.
 constexpr Statement kInsertJobs{"insert_jobs", R"sql(
 WITH ins AS (
   INSERT INTO jobs (id, type, payload, resource_id, fairness_key, idempotency_key, labels, state,
@@ -133,9 +139,10 @@ WITH ins AS (
          label_values, max_attempts, timeout_ms, deadline_us, not_before_us, ord)
   ORDER BY r.ord
   ON CONFLICT (fairness_key, idempotency_key) WHERE idempotency_key <> '' DO NOTHING
-  RETURNING id
+  RETURNING id, seq
 )
-SELECT ins.id, CASE WHEN $13::bool THEN pg_notify('dispatchd_jobs', ins.id) END FROM ins)sql"};
+SELECT ins.id, ins.seq, CASE WHEN $13::bool THEN pg_notify('dispatchd_jobs', ins.id) END
+FROM ins)sql"};
 
 // $1 fairness keys, $2 idempotency keys (parallel arrays): the jobs holding those keys.
 constexpr Statement kSelectByIdempotencyKeys{"select_by_idempotency_keys", R"sql(
@@ -160,6 +167,39 @@ constexpr Statement kLoadActive{
     "load_active", "SELECT " DISPATCHD_PG_JOB_COLUMNS
                    " FROM jobs WHERE state IN " DISPATCHD_PG_ACTIVE_STATES " ORDER BY seq"};
 
+constexpr Statement kLoadPlaced{"load_placed", "SELECT " DISPATCHD_PG_JOB_COLUMNS_NO_PAYLOAD
+                                               " FROM jobs WHERE state IN ('DISPATCHED', "
+                                               "'RUNNING') ORDER BY seq"};
+
+// $1 rows per queue. Each queue's QUEUED count, then its first rows: job columns, then the count
+// (kColSeq + 1). A queue is found with an index-only scan of jobs_queued_by_queue (migration 4);
+// its rows with one index range scan each.
+constexpr Statement kLoadQueuedHeads{"load_queued_heads", R"sql(
+WITH q AS (
+  SELECT type, fairness_key, count(*) AS n FROM jobs WHERE state = 'QUEUED'
+  GROUP BY type, fairness_key
+)
+SELECT j.*, q.n FROM q CROSS JOIN LATERAL (
+  SELECT )sql" DISPATCHD_PG_JOB_COLUMNS_NO_PAYLOAD R"sql( FROM jobs
+  WHERE state = 'QUEUED' AND type = q.type AND fairness_key = q.fairness_key
+  ORDER BY seq LIMIT $1::int8
+) j
+ORDER BY j.seq)sql"};
+
+// $1 type, $2 fairness key, $3 after seq, $4 limit.
+constexpr Statement kLoadQueuedPage{"load_queued_page",
+                                    "SELECT " DISPATCHD_PG_JOB_COLUMNS_NO_PAYLOAD R"sql( FROM jobs
+WHERE state = 'QUEUED' AND type = $1 AND fairness_key = $2 AND seq > $3::int8
+ORDER BY seq LIMIT $4::int8)sql"};
+
+// $1 types, $2 fairness keys, $3 bounds (parallel arrays).
+constexpr Statement kCountQueued{"count_queued", R"sql(
+SELECT j.type, j.fairness_key, count(*), count(*) FILTER (WHERE j.seq <= coalesce(b.bound, 0))
+FROM jobs j LEFT JOIN unnest($1::text[], $2::text[], $3::int8[]) AS b(type, fairness_key, bound)
+  ON j.type = b.type AND j.fairness_key = b.fairness_key
+WHERE j.state = 'QUEUED'
+GROUP BY j.type, j.fairness_key)sql"};
+
 // $1 ids, $2 attempts, $3 worker ids: parallel arrays, one element per claim. Rows locked by
 // another session are skipped; a row whose state or attempt moved on does not match. $4 epoch.
 constexpr Statement kClaim{"claim", "WITH " DISPATCHD_PG_FENCE(4) R"sql(, req AS (
@@ -173,7 +213,7 @@ constexpr Statement kClaim{"claim", "WITH " DISPATCHD_PG_FENCE(4) R"sql(, req AS
 UPDATE jobs SET state = 'DISPATCHED', worker_id = c.worker_id, dispatched_at = now(),
                 updated_at = now()
 FROM c WHERE jobs.id = c.id
-RETURNING jobs.id)sql"};
+RETURNING jobs.id, jobs.payload)sql"};
 
 // $1 id, $2 attempt, $3 worker id. DISPATCHED at attempt-1 (accept) or RUNNING at attempt
 // (re-attach); started_at is set on accept only. $4 epoch.
@@ -316,6 +356,10 @@ constexpr Statement kAllStatements[] = {
     kGetJob,
     kGetJobs,
     kLoadActive,
+    kLoadPlaced,
+    kLoadQueuedHeads,
+    kLoadQueuedPage,
+    kCountQueued,
     kClaim,
     kMarkRunning,
     kMarkRunningMany,
@@ -455,7 +499,18 @@ absl::StatusOr<job::Job> RowToJob(const pqxx::row& r) {
   job.started_at = TimeFromField(r[kColStartedUs]);
   job.finished_at = TimeFromField(r[kColFinishedUs]);
   job.updated_at = TimeFromField(r[kColUpdatedUs]);
+  job.seq = r[kColSeq].as<int64_t>();
   return job;
+}
+
+absl::StatusOr<std::vector<job::Job>> RowsToJobs(const pqxx::result& rows) {
+  std::vector<job::Job> jobs;
+  jobs.reserve(rows.size());
+  for (const pqxx::row& row : rows) {
+    DISPATCHD_ASSIGN_OR_RETURN(job::Job job, RowToJob(row));
+    jobs.push_back(std::move(job));
+  }
+  return jobs;
 }
 
 std::vector<std::string> Ids(const pqxx::result& rows) {
@@ -730,7 +785,10 @@ absl::StatusOr<InsertOutcome> PgJobStore::Insert(const job::Job& job) {
               job.spec.resource_id, job.spec.fairness_key, job.spec.idempotency_key,
               TextArrayLiteral(label_keys), TextArrayLiteral(label_values),
               job.spec.max_attempts, timeout_ms, deadline_us, OptionalMicros(job.spec.not_before));
-          if (!inserted.empty()) return InsertOutcome{.job_id = job.id, .deduplicated = false};
+          if (!inserted.empty()) {
+            return InsertOutcome{
+                .job_id = job.id, .deduplicated = false, .seq = inserted[0][1].as<int64_t>()};
+          }
           pqxx::result existing = txn.exec_prepared(
               kSelectByIdempotencyKey.name, job.spec.fairness_key, job.spec.idempotency_key);
           if (!existing.empty()) {
@@ -778,8 +836,8 @@ struct InsertColumns {
   }
 };
 
-// Inserts `jobs`, returning the ids written.
-absl::flat_hash_set<std::string> ExecInsert(pqxx::transaction_base& txn,
+// Inserts `jobs`, returning the ids written with their seq.
+absl::flat_hash_map<std::string, int64_t> ExecInsert(pqxx::transaction_base& txn,
                                             const std::vector<const job::Job*>& jobs,
                                             bool notify_leader) {
   const InsertColumns c(jobs);
@@ -791,8 +849,8 @@ absl::flat_hash_set<std::string> ExecInsert(pqxx::transaction_base& txn,
       IntArrayLiteral(c.max_attempts), IntArrayLiteral(c.timeouts_ms),
       OptionalIntArrayLiteral(c.deadlines_us), OptionalIntArrayLiteral(c.not_befores_us),
       notify_leader);
-  absl::flat_hash_set<std::string> inserted;
-  for (const pqxx::row& row : rows) inserted.insert(TextFromField(row[0]));
+  absl::flat_hash_map<std::string, int64_t> inserted;
+  for (const pqxx::row& row : rows) inserted[TextFromField(row[0])] = row[1].as<int64_t>();
   return inserted;
 }
 
@@ -818,8 +876,12 @@ absl::StatusOr<std::vector<InsertOutcome>> PgJobStore::InsertMany(
           // Without idempotency keys every row is written, by one statement: atomic and durable
           // when it returns, with no BEGIN and COMMIT round trips.
           pqxx::nontransaction txn(conn);
-          ExecInsert(txn, pending, notify_leader);
-          for (size_t i = 0; i < jobs.size(); ++i) outcomes[i].job_id = jobs[i].id;
+          absl::flat_hash_map<std::string, int64_t> inserted =
+              ExecInsert(txn, pending, notify_leader);
+          for (size_t i = 0; i < jobs.size(); ++i) {
+            outcomes[i].job_id = jobs[i].id;
+            outcomes[i].seq = inserted[jobs[i].id];
+          }
           return outcomes;
         }
         // With keys, the rows left out are looked up: their key's holder is the job returned.
@@ -830,11 +892,13 @@ absl::StatusOr<std::vector<InsertOutcome>> PgJobStore::InsertMany(
         for (size_t i = 0; i < jobs.size(); ++i) index[&jobs[i]] = i;
         constexpr int kTries = 5;
         for (int attempt = 0; attempt < kTries && !pending.empty(); ++attempt) {
-          absl::flat_hash_set<std::string> inserted = ExecInsert(txn, pending, notify_leader);
+          absl::flat_hash_map<std::string, int64_t> inserted =
+              ExecInsert(txn, pending, notify_leader);
           std::vector<const job::Job*> left_out;
           for (const job::Job* job : pending) {
-            if (inserted.contains(job->id)) {
-              outcomes[index[job]] = InsertOutcome{.job_id = job->id, .deduplicated = false};
+            if (auto it = inserted.find(job->id); it != inserted.end()) {
+              outcomes[index[job]] =
+                  InsertOutcome{.job_id = job->id, .deduplicated = false, .seq = it->second};
             } else {
               left_out.push_back(job);
             }
@@ -887,15 +951,8 @@ absl::StatusOr<std::vector<job::Job>> PgJobStore::GetMany(const std::vector<std:
   return WithConnection(*pool_, absl::StrCat("get ", job_ids.size(), " jobs"),
                         [&](pqxx::connection& conn) -> absl::StatusOr<std::vector<job::Job>> {
                           pqxx::nontransaction txn(conn);
-                          pqxx::result rows =
-                              txn.exec_prepared(kGetJobs.name, TextArrayLiteral(job_ids));
-                          std::vector<job::Job> jobs;
-                          jobs.reserve(rows.size());
-                          for (const pqxx::row& row : rows) {
-                            DISPATCHD_ASSIGN_OR_RETURN(job::Job job, RowToJob(row));
-                            jobs.push_back(std::move(job));
-                          }
-                          return jobs;
+                          return RowsToJobs(
+                              txn.exec_prepared(kGetJobs.name, TextArrayLiteral(job_ids)));
                         });
 }
 
@@ -903,22 +960,86 @@ absl::StatusOr<std::vector<job::Job>> PgJobStore::LoadActive() {
   return WithConnection(*pool_, "load active jobs",
                         [&](pqxx::connection& conn) -> absl::StatusOr<std::vector<job::Job>> {
                           pqxx::nontransaction txn(conn);
-                          pqxx::result rows = txn.exec_prepared(kLoadActive.name);
-                          std::vector<job::Job> jobs;
-                          jobs.reserve(rows.size());
-                          for (const pqxx::row& row : rows) {
-                            DISPATCHD_ASSIGN_OR_RETURN(job::Job job, RowToJob(row));
-                            jobs.push_back(std::move(job));
+                          return RowsToJobs(txn.exec_prepared(kLoadActive.name));
+                        });
+}
+
+absl::StatusOr<std::vector<job::Job>> PgJobStore::LoadPlaced() {
+  return WithConnection(*pool_, "load placed jobs",
+                        [&](pqxx::connection& conn) -> absl::StatusOr<std::vector<job::Job>> {
+                          pqxx::nontransaction txn(conn);
+                          return RowsToJobs(txn.exec_prepared(kLoadPlaced.name));
+                        });
+}
+
+absl::StatusOr<QueuedHeads> PgJobStore::LoadQueuedHeads(int64_t per_queue) {
+  return WithConnection(
+      *pool_, "load the heads of the queues",
+      [&](pqxx::connection& conn) -> absl::StatusOr<QueuedHeads> {
+        pqxx::nontransaction txn(conn);
+        pqxx::result rows = txn.exec_prepared(kLoadQueuedHeads.name, per_queue);
+        QueuedHeads out;
+        out.jobs.reserve(rows.size());
+        absl::flat_hash_set<std::pair<std::string, std::string>> seen;
+        for (const pqxx::row& row : rows) {
+          DISPATCHD_ASSIGN_OR_RETURN(job::Job job, RowToJob(row));
+          if (seen.insert({job.spec.type, job.spec.fairness_key}).second) {
+            out.queues.push_back(QueueCount{.type = job.spec.type,
+                                            .fairness_key = job.spec.fairness_key,
+                                            .queued = row[kColSeq + 1].as<int64_t>()});
+          }
+          out.jobs.push_back(std::move(job));
+        }
+        return out;
+      });
+}
+
+absl::StatusOr<std::vector<job::Job>> PgJobStore::LoadQueuedPage(const std::string& type,
+                                                                 const std::string& fairness_key,
+                                                                 int64_t after_seq,
+                                                                 int64_t limit) {
+  return WithConnection(*pool_, absl::StrCat("load queued jobs of ", type),
+                        [&](pqxx::connection& conn) -> absl::StatusOr<std::vector<job::Job>> {
+                          pqxx::nontransaction txn(conn);
+                          return RowsToJobs(txn.exec_prepared(kLoadQueuedPage.name, type,
+                                                              fairness_key, after_seq, limit));
+                        });
+}
+
+absl::StatusOr<std::vector<QueueCount>> PgJobStore::CountQueued(
+    const std::vector<QueueBound>& bounds) {
+  std::vector<std::string> types, keys;
+  std::vector<int64_t> limits;
+  for (const QueueBound& b : bounds) {
+    types.push_back(b.type);
+    keys.push_back(b.fairness_key);
+    limits.push_back(b.bound);
+  }
+  return WithConnection(*pool_, "count queued jobs",
+                        [&](pqxx::connection& conn) -> absl::StatusOr<std::vector<QueueCount>> {
+                          pqxx::nontransaction txn(conn);
+                          pqxx::result rows =
+                              txn.exec_prepared(kCountQueued.name, TextArrayLiteral(types),
+                                                TextArrayLiteral(keys), IntArrayLiteral(limits));
+                          std::vector<QueueCount> out;
+                          out.reserve(rows.size());
+                          for (const pqxx::row& r : rows) {
+                            out.push_back(QueueCount{.type = TextFromField(r[0]),
+                                                     .fairness_key = TextFromField(r[1]),
+                                                     .queued = r[2].as<int64_t>(),
+                                                     .up_to_bound = r[3].as<int64_t>()});
                           }
-                          return jobs;
+                          return out;
                         });
 }
 
 namespace {
 
-// Runs kClaim, kMarkRunningMany or kFinishMany in `txn`; the ids that changed.
+// Runs kClaim, kMarkRunningMany or kFinishMany in `txn`; the ids that changed (and for claims,
+// if `payloads` is not null, their payloads).
 std::vector<std::string> ExecClaims(pqxx::transaction_base& txn,
-                                    const std::vector<ClaimRequest>& claims, int64_t epoch) {
+                                    const std::vector<ClaimRequest>& claims, int64_t epoch,
+                                    std::vector<std::string>* payloads) {
   std::vector<std::string> ids, workers;
   std::vector<int32_t> attempts;
   for (const ClaimRequest& c : claims) {
@@ -926,8 +1047,14 @@ std::vector<std::string> ExecClaims(pqxx::transaction_base& txn,
     attempts.push_back(c.attempt);
     workers.push_back(c.worker_id);
   }
-  return Ids(txn.exec_prepared(kClaim.name, TextArrayLiteral(ids), IntArrayLiteral(attempts),
-                               TextArrayLiteral(workers), epoch));
+  pqxx::result rows = txn.exec_prepared(kClaim.name, TextArrayLiteral(ids),
+                                        IntArrayLiteral(attempts), TextArrayLiteral(workers), epoch);
+  if (payloads != nullptr) {
+    payloads->clear();
+    payloads->reserve(rows.size());
+    for (const pqxx::row& row : rows) payloads->push_back(BytesFromField(row[1]));
+  }
+  return Ids(rows);
 }
 
 std::vector<std::string> ExecMarks(pqxx::transaction_base& txn,
@@ -988,12 +1115,14 @@ absl::StatusOr<std::vector<std::string>> FencedBatch(ConnectionPool& pool,
 
 }  // namespace
 
-absl::StatusOr<std::vector<std::string>> PgJobStore::Claim(
-    const std::vector<ClaimRequest>& claims) {
+absl::StatusOr<std::vector<std::string>> PgJobStore::Claim(const std::vector<ClaimRequest>& claims,
+                                                           std::vector<std::string>* payloads) {
+  if (payloads != nullptr) payloads->clear();
   if (claims.empty()) return std::vector<std::string>{};
-  return FencedBatch(
-      *pool_, fence_, absl::StrCat("claim ", claims.size(), " jobs"),
-      [&](pqxx::transaction_base& txn, int64_t epoch) { return ExecClaims(txn, claims, epoch); });
+  return FencedBatch(*pool_, fence_, absl::StrCat("claim ", claims.size(), " jobs"),
+                     [&](pqxx::transaction_base& txn, int64_t epoch) {
+                       return ExecClaims(txn, claims, epoch, payloads);
+                     });
 }
 
 absl::StatusOr<bool> PgJobStore::MarkRunning(const std::string& job_id, int32_t attempt,
@@ -1097,7 +1226,8 @@ absl::StatusOr<TurnOutcome> PgJobStore::WriteTurn(const TurnWrites& writes) {
                           if (!writes.marks.empty())
                             out.marked = ExecMarks(txn, writes.marks, epoch);
                           if (!writes.claims.empty())
-                            out.claimed = ExecClaims(txn, writes.claims, epoch);
+                            out.claimed =
+                                ExecClaims(txn, writes.claims, epoch, &out.claimed_payloads);
                           if (out.finished.empty() && out.marked.empty() && out.claimed.empty()) {
                             DISPATCHD_RETURN_IF_ERROR(FenceHolds(txn, epoch));
                           }

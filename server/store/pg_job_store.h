@@ -58,7 +58,16 @@ class PgJobStore final : public JobStore {
   absl::StatusOr<job::Job> Get(const std::string& job_id) override;
   absl::StatusOr<std::vector<job::Job>> GetMany(const std::vector<std::string>& job_ids) override;
   absl::StatusOr<std::vector<job::Job>> LoadActive() override;
-  absl::StatusOr<std::vector<std::string>> Claim(const std::vector<ClaimRequest>& claims) override;
+  absl::StatusOr<std::vector<job::Job>> LoadPlaced() override;
+  absl::StatusOr<QueuedHeads> LoadQueuedHeads(int64_t per_queue) override;
+  absl::StatusOr<std::vector<job::Job>> LoadQueuedPage(const std::string& type,
+                                                       const std::string& fairness_key,
+                                                       int64_t after_seq, int64_t limit) override;
+  absl::StatusOr<std::vector<QueueCount>> CountQueued(
+      const std::vector<QueueBound>& bounds) override;
+  using JobStore::Claim;
+  absl::StatusOr<std::vector<std::string>> Claim(const std::vector<ClaimRequest>& claims,
+                                                 std::vector<std::string>* payloads) override;
   absl::StatusOr<bool> MarkRunning(const std::string& job_id, int32_t attempt,
                                    const std::string& worker_id) override;
   absl::StatusOr<bool> ReturnToQueue(const std::string& job_id, int32_t attempt) override;

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <future>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -874,6 +875,109 @@ TEST_F(PgJobStoreTest, LoadActiveReturnsActiveJobsOldestFirst) {
   EXPECT_EQ((*active)[2].worker_id, "w1");
   EXPECT_EQ((*active)[0].spec.payload, "payload of j_c");
   EXPECT_THAT(store_->CountActive(), IsOkAndHolds(3));
+}
+
+// `job` of `type` for fairness key `key`.
+Job QueueJob(const std::string& id, const std::string& type, const std::string& key) {
+  Job job = MakeJob(id, type);
+  job.spec.fairness_key = key;
+  return job;
+}
+
+std::vector<std::string> IdsOf(const std::vector<Job>& jobs) {
+  std::vector<std::string> ids;
+  for (const Job& j : jobs) ids.push_back(j.id);
+  return ids;
+}
+
+TEST_F(PgJobStoreTest, QueuesArePagedInBySeqWithoutPayloads) {
+  // Queue (echo, alice): a1..a5; (echo, bob): b1; (embed, alice): e1. One of alice's is claimed.
+  for (int i = 1; i <= 5; ++i) Insert(QueueJob(absl::StrCat("j_a", i), "echo", "alice"));
+  Insert(QueueJob("j_b1", "echo", "bob"));
+  Insert(QueueJob("j_e1", "embed", "alice"));
+  Insert(QueueJob("j_a6", "echo", "alice"));
+  ASSERT_THAT(store_->Claim({{.job_id = "j_a2", .attempt = 0, .worker_id = "w1"}}),
+              IsOkAndHolds(ElementsAre("j_a2")));
+
+  absl::StatusOr<QueuedHeads> heads = store_->LoadQueuedHeads(2);
+  ASSERT_THAT(heads, IsOk());
+  EXPECT_THAT(IdsOf(heads->jobs), ElementsAre("j_a1", "j_a3", "j_b1", "j_e1"));
+  for (const Job& j : heads->jobs) {
+    EXPECT_EQ(j.state, JobState::kQueued);
+    EXPECT_TRUE(j.spec.payload.empty()) << j.id;
+    EXPECT_GT(j.seq, 0) << j.id;
+  }
+  std::map<std::string, int64_t> counts;
+  for (const QueueCount& q : heads->queues) counts[q.type + "/" + q.fairness_key] = q.queued;
+  EXPECT_THAT(counts, ::testing::ElementsAre(::testing::Pair("echo/alice", 5),
+                                             ::testing::Pair("echo/bob", 1),
+                                             ::testing::Pair("embed/alice", 1)));
+
+  // The rest of alice's echo queue, after the last row held.
+  const int64_t after = heads->jobs[1].seq;
+  absl::StatusOr<std::vector<Job>> page = store_->LoadQueuedPage("echo", "alice", after, 2);
+  ASSERT_THAT(page, IsOk());
+  EXPECT_THAT(IdsOf(*page), ElementsAre("j_a4", "j_a5"));
+  page = store_->LoadQueuedPage("echo", "alice", (*page)[1].seq, 10);
+  ASSERT_THAT(page, IsOk());
+  EXPECT_THAT(IdsOf(*page), ElementsAre("j_a6"));
+
+  // Placed jobs load apart, also without payloads.
+  absl::StatusOr<std::vector<Job>> placed = store_->LoadPlaced();
+  ASSERT_THAT(placed, IsOk());
+  EXPECT_THAT(IdsOf(*placed), ElementsAre("j_a2"));
+  EXPECT_TRUE((*placed)[0].spec.payload.empty());
+
+  // Counts per queue, and how many rows are at or below a bound given per queue.
+  absl::StatusOr<std::vector<QueueCount>> counted =
+      store_->CountQueued({{.type = "echo", .fairness_key = "alice", .bound = after},
+                           {.type = "embed", .fairness_key = "alice", .bound = INT64_MAX}});
+  ASSERT_THAT(counted, IsOk());
+  std::map<std::string, std::pair<int64_t, int64_t>> got;
+  for (const QueueCount& q : *counted) {
+    got[q.type + "/" + q.fairness_key] = {q.queued, q.up_to_bound};
+  }
+  EXPECT_EQ(got["echo/alice"], std::make_pair(int64_t{5}, int64_t{2}));
+  EXPECT_EQ(got["echo/bob"], std::make_pair(int64_t{1}, int64_t{0}));
+  EXPECT_EQ(got["embed/alice"], std::make_pair(int64_t{1}, int64_t{1}));
+}
+
+TEST_F(PgJobStoreTest, ClaimReturnsThePayloadsOfTheJobsItClaimed) {
+  Insert(MakeJob("j_1"));
+  Insert(MakeJob("j_2"));
+  Insert(MakeJob("j_3"));
+  ASSERT_THAT(store_->Claim({{.job_id = "j_3", .attempt = 0, .worker_id = "w1"}}), IsOk());
+  std::vector<std::string> payloads;
+  absl::StatusOr<std::vector<std::string>> claimed =
+      store_->Claim({{.job_id = "j_2", .attempt = 0, .worker_id = "w1"},
+                     {.job_id = "j_3", .attempt = 0, .worker_id = "w1"},
+                     {.job_id = "j_1", .attempt = 0, .worker_id = "w1"}},
+                    &payloads);
+  ASSERT_THAT(claimed, IsOk());
+  ASSERT_EQ(claimed->size(), 2u);
+  ASSERT_EQ(payloads.size(), 2u);
+  for (size_t i = 0; i < claimed->size(); ++i) {
+    EXPECT_EQ(payloads[i], "payload of " + (*claimed)[i]);
+  }
+  absl::StatusOr<TurnOutcome> turn = store_->WriteTurn({.claims = {}});
+  ASSERT_THAT(turn, IsOk());
+  Insert(MakeJob("j_4"));
+  turn = store_->WriteTurn({.claims = {{.job_id = "j_4", .attempt = 0, .worker_id = "w2"}}});
+  ASSERT_THAT(turn, IsOk());
+  EXPECT_THAT(turn->claimed, ElementsAre("j_4"));
+  EXPECT_THAT(turn->claimed_payloads, ElementsAre("payload of j_4"));
+}
+
+TEST_F(PgJobStoreTest, InsertsReturnTheArrivalOrderOfEachNewRow) {
+  absl::StatusOr<InsertOutcome> first = store_->Insert(MakeJob("j_1"));
+  ASSERT_THAT(first, IsOk());
+  absl::StatusOr<std::vector<InsertOutcome>> more =
+      store_->InsertMany({MakeJob("j_2"), MakeJob("j_3")}, false);
+  ASSERT_THAT(more, IsOk());
+  EXPECT_GT(first->seq, 0);
+  EXPECT_GT((*more)[0].seq, first->seq);
+  EXPECT_GT((*more)[1].seq, (*more)[0].seq);
+  EXPECT_EQ(Get("j_3").seq, (*more)[1].seq);
 }
 
 TEST_F(PgJobStoreTest, CountsByTypeAndState) {
