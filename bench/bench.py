@@ -209,6 +209,16 @@ def run_drain(b, i):
     return drain_once(b, f"drain-{i}", b.args.jobs)
 
 
+def run_backlog(b, i):
+    """drain of --backlog queued jobs, beside a plain drain in the same sitting."""
+    plain = drain_once(b, f"drain-{i}", b.args.jobs)
+    big = drain_once(b, f"backlog-{i}", b.args.backlog)
+    out = {"drain_jobs_per_s": plain["jobs_per_s"]}
+    out.update(big)
+    out["ratio_to_drain"] = round(big["jobs_per_s"] / plain["jobs_per_s"], 3)
+    return out
+
+
 def run_retained(b, i):
     """drain with --retained finished jobs kept, beside a plain drain in the same sitting."""
     plain = drain_once(b, f"drain-{i}", b.args.jobs)
@@ -235,7 +245,7 @@ def run_peer_drain(b):
     return {"runs": runs, "median": statistics.median(runs), "best": int(best.group(1))}
 
 
-SCENARIOS = {"drain": run_drain, "retained": run_retained}
+SCENARIOS = {"drain": run_drain, "backlog": run_backlog, "retained": run_retained}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -269,6 +279,8 @@ def main():
     p.add_argument("--jobs", type=int, default=100000)
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--slots", type=int, default=64)
+    p.add_argument("--backlog", type=int, default=1000000,
+                   help="backlog: queued jobs when the daemon starts")
     p.add_argument("--retained", type=int, default=5000000,
                    help="retained: finished jobs kept in the database")
     p.add_argument("--timeout", type=float, default=900, help="seconds one run may take")

@@ -81,6 +81,10 @@ absl::Status Config::Validate() const {
     return Bad("scheduler.cost_alpha", absl::StrCat("must be in (0, 1], got ", scheduler.cost_alpha));
   }
   if (scheduler.key_ttl <= absl::ZeroDuration()) return Bad("scheduler.key_ttl", "must be positive");
+  if (scheduler.queue_window < 16 || scheduler.queue_window > 1'000'000) {
+    return Bad("scheduler.queue_window",
+               absl::StrCat("must be in [16, 1000000], got ", scheduler.queue_window));
+  }
   for (const auto& [key, throttle, resume] :
        {std::tuple{"ram", memory_throttle.ram_percent, memory_throttle.ram_resume_percent},
         std::tuple{"gpu", memory_throttle.gpu_percent, memory_throttle.gpu_resume_percent}}) {

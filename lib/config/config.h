@@ -98,6 +98,9 @@ struct SchedulerConfig {
   double cost_alpha = 0.3;
   // Idle fairness keys and cost estimates unused this long are forgotten.
   absl::Duration key_ttl = absl::Minutes(10);
+  // Queued jobs of one queue (a job type and a fairness key) that the daemon holds in memory, at
+  // most; the rest wait in the database and are read in, oldest first, as the queue drains.
+  int64_t queue_window = 2048;
 };
 
 struct PostgresConfig {

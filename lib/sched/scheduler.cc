@@ -287,6 +287,7 @@ void Scheduler::Enqueue(PendingJob p) {
   ++j.type->queued;
   ++j.type->tier->queued;
   if (j.type->model != nullptr) ++j.type->model->queued;
+  ++j.key->pending_by_type[j.type];
   if (j.key->pending++ == 0 && j.key->placed == 0) ActivateKey(*j.key);
   if (j.not_before > last_now_) {
     j.where = Job::Where::kDelayed;
@@ -310,6 +311,7 @@ bool Scheduler::RemovePending(const std::string& job_id) {
   --j.type->tier->queued;
   if (j.type->model != nullptr) --j.type->model->queued;
   KeyState& key = *j.key;
+  --key.pending_by_type[j.type];
   jobs_.erase(it);
   if (--key.pending == 0 && key.placed == 0) DeactivateKey(key);
   return true;
@@ -801,6 +803,7 @@ void Scheduler::Place(Job& j, WorkerState* w, absl::Time now, bool loads_model) 
   --t.queued;
   --t.tier->queued;
   --j.key->pending;
+  --j.key->pending_by_type[&t];
   if (t.model != nullptr) --t.model->queued;
   Occupy(j, w->spec.id);
   if (t.bucket != nullptr) {
@@ -1151,6 +1154,29 @@ SchedulerStats Scheduler::Stats(absl::Time now, size_t max_keys) const {
   return s;
 }
 
+void Scheduler::AddQueued(SchedulerStats& stats, const std::string& type,
+                          const std::string& fairness_key, int64_t n) const {
+  auto t = types_.find(type);
+  if (t == types_.end() || n == 0) return;
+  const TypeState& ts = *t->second;
+  for (SchedulerStats::Type& out : stats.types) {
+    if (out.name == ts.name) out.queued += n;
+  }
+  for (SchedulerStats::Tier& out : stats.tiers) {
+    if (ts.tier != nullptr && out.name == ts.tier->name && out.priority == ts.tier->priority) {
+      out.queued += n;
+    }
+  }
+  // As in Stats: a type's model, or the type itself when it is rate-limited without one.
+  const std::string model = ts.model != nullptr ? ts.model->name : ts.name;
+  for (SchedulerStats::Model& out : stats.models) {
+    if (out.name == model) out.queued += n;
+  }
+  for (SchedulerStats::Key& out : stats.keys) {
+    if (out.name == fairness_key) out.queued += n;
+  }
+}
+
 std::vector<std::string> Scheduler::Audit(bool repair) {
   std::vector<std::string> drifts;
   // Compares a held count with the recount, notes a drift and repairs it if asked.
@@ -1168,6 +1194,8 @@ std::vector<std::string> Scheduler::Audit(bool repair) {
   absl::flat_hash_map<const TierState*, Counts> tiers;
   absl::flat_hash_map<const ModelState*, Counts> models;
   absl::flat_hash_map<const KeyState*, Counts> keys;
+  absl::flat_hash_map<const KeyState*, absl::flat_hash_map<const TypeState*, int64_t>>
+      key_types;
   absl::flat_hash_map<const WorkerState*, int> busy;
   absl::flat_hash_map<const WorkerState*, absl::flat_hash_map<ModelState*, int>> in_use;
   absl::flat_hash_map<std::string, int> conflicts;
@@ -1190,6 +1218,7 @@ std::vector<std::string> Scheduler::Audit(bool repair) {
       ++tiers[j->type->tier].queued;
       if (j->type->model != nullptr) ++models[j->type->model].queued;
       ++keys[j->key].queued;
+      ++key_types[j->key][j->type];
     }
   }
   check(placed_count_, static_cast<size_t>(placed), "scheduler", "placed", "jobs placed");
@@ -1213,6 +1242,17 @@ std::vector<std::string> Scheduler::Audit(bool repair) {
     Counts c = keys[k.get()];
     check(k->placed, c.running, "key \"" + name + "\"", "placed", "jobs placed");
     check(k->pending, c.queued, "key \"" + name + "\"", "pending", "jobs pending");
+    absl::flat_hash_map<const TypeState*, int64_t>& by_type = key_types[k.get()];
+    for (auto& [type, n] : k->pending_by_type) {
+      check(n, by_type[type], "key \"" + name + "\" type " + type->name, "pending",
+            "jobs pending");
+    }
+    for (const auto& [type, n] : by_type) {
+      if (!k->pending_by_type.contains(type)) {
+        check(k->pending_by_type[type], n, "key \"" + name + "\" type " + type->name, "pending",
+              "jobs pending");
+      }
+    }
   }
   for (auto& [id, w] : workers_) {
     const std::string what = "worker " + id;
@@ -1265,6 +1305,14 @@ std::vector<std::string> Scheduler::Audit(bool repair) {
 int64_t Scheduler::queued_of_type(const std::string& type) const {
   auto it = types_.find(type);
   return it == types_.end() ? 0 : it->second->queued;
+}
+
+int64_t Scheduler::queued_of(const std::string& type, const std::string& fairness_key) const {
+  auto t = types_.find(type);
+  auto k = keys_.find(fairness_key);
+  if (t == types_.end() || k == keys_.end()) return 0;
+  auto n = k->second->pending_by_type.find(t->second.get());
+  return n == k->second->pending_by_type.end() ? 0 : n->second;
 }
 
 int Scheduler::running_of_type(const std::string& type) const {

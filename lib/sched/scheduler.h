@@ -259,6 +259,10 @@ class Scheduler {
 
   // A snapshot for operators; `keys` holds the `max_keys` lowest-cost fairness keys.
   SchedulerStats Stats(absl::Time now, size_t max_keys = SIZE_MAX) const;
+  // Counts `n` more queued jobs of `type` for `fairness_key` in `stats`, under its type, tier,
+  // model and key: jobs the caller keeps out of the scheduler (they wait in the database).
+  void AddQueued(SchedulerStats& stats, const std::string& type, const std::string& fairness_key,
+                 int64_t n) const;
 
   // Recounts every count derived from the jobs held (running and queued per type, tier and
   // model; a worker's busy slots and VRAM in use; running jobs per conflict key; a key's jobs;
@@ -272,6 +276,8 @@ class Scheduler {
   size_t placed_count() const { return placed_count_; }
   // Jobs of `type` waiting (queued, including those not yet due).
   int64_t queued_of_type(const std::string& type) const;
+  // Jobs of `type` for `fairness_key` waiting (queued, including those not yet due).
+  int64_t queued_of(const std::string& type, const std::string& fairness_key) const;
   int running_of_type(const std::string& type) const;
   bool IsPlaced(const std::string& job_id) const;
   bool IsPending(const std::string& job_id) const;

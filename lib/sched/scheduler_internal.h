@@ -97,6 +97,8 @@ struct Scheduler::KeyState {
   std::string name;
   double cost = 0;
   int64_t pending = 0;
+  // Of `pending`, by type (entries may be 0).
+  absl::flat_hash_map<const TypeState*, int64_t> pending_by_type;
   int64_t placed = 0;
   absl::Time idle_since = absl::InfinitePast();
   std::vector<Lane*> lanes;

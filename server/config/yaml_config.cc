@@ -197,11 +197,12 @@ config::Config ParseRoot(const YAML::Node& root) {
                             });
                }
                if (key == "scheduler") {
-                 ForEachKey(v, full, {"policy", "cost_alpha", "key_ttl"},
+                 ForEachKey(v, full, {"policy", "cost_alpha", "key_ttl", "queue_window"},
                             [&](const std::string& k, const std::string& f, const YAML::Node& sv) {
                               if (k == "policy") c.scheduler.policy = String(sv, f);
                               if (k == "cost_alpha") c.scheduler.cost_alpha = Number(sv, f);
                               if (k == "key_ttl") c.scheduler.key_ttl = Duration(sv, f);
+                              if (k == "queue_window") c.scheduler.queue_window = Int(sv, f);
                             });
                }
                if (key == "overflow_hook") {

@@ -60,27 +60,39 @@ Dispatcher::~Dispatcher() { Stop(); }
 
 absl::Status Dispatcher::Start() {
   for (const std::string& warning : config_.Warnings()) server::Log("dispatch")->warn("{}", warning);
-  absl::StatusOr<std::vector<job::Job>> active = store_.LoadActive();
-  if (!active.ok()) return active.status();
+  absl::StatusOr<std::vector<job::Job>> placed = store_.LoadPlaced();
+  if (!placed.ok()) return placed.status();
+  absl::StatusOr<store::QueuedHeads> heads =
+      store_.LoadQueuedHeads(config_.scheduler.queue_window);
+  if (!heads.ok()) return heads.status();
   const absl::Time now = clock_.TimeNow();
-  size_t queued = 0, held = 0;
-  for (job::Job& job : *active) {
-    Entry entry{.job = std::move(job)};
-    const job::Job& j = entry.job;
-    if (j.state == JobState::kQueued) {
-      scheduler_.Enqueue(ToPending(j));
-      ++queued;
-    } else {
-      // Dispatched or running under the previous daemon: its worker may still hold it.
-      scheduler_.Adopt(ToPlaced(j, j.worker_id));
-      entry.orphan_deadline = now + config_.orphan_grace;
-      ++held;
-    }
-    std::string id = entry.job.id;
-    jobs_.emplace(std::move(id), std::move(entry));
+  for (job::Job& job : *placed) {
+    // Dispatched or running under the previous daemon: its worker may still hold it.
+    scheduler_.Adopt(ToPlaced(job, job.worker_id));
+    std::string id = job.id;
+    jobs_.emplace(std::move(id),
+                  Entry{.job = std::move(job), .orphan_deadline = now + config_.orphan_grace});
+  }
+  // Each queue's first rows; a queue with more gets a window over the rest.
+  absl::flat_hash_map<QueueId, std::pair<int64_t, int64_t>> loaded;  // rows, last seq
+  for (job::Job& job : heads->jobs) {
+    auto& [rows, last] = loaded[QueueOf(job)];
+    ++rows;
+    last = job.seq;
+    Keep(std::move(job));
+  }
+  int64_t waiting = 0;
+  for (const store::QueueCount& q : heads->queues) {
+    const auto [rows, last] = loaded[{q.type, q.fairness_key}];
+    if (q.queued <= rows) continue;
+    windows_[{q.type, q.fairness_key}] = Window{.bound = last, .unheld = q.queued - rows};
+    waiting += q.queued - rows;
   }
   server::Log("dispatch")
-      ->info("recovered queued={} held_by_workers={} grace={}", queued, held,
+      ->info("recovered queued={} held_in_memory={} queues={} paged_queues={} "
+             "held_by_workers={} grace={}",
+             static_cast<int64_t>(heads->jobs.size()) + waiting, heads->jobs.size(),
+             heads->queues.size(), windows_.size(), placed->size(),
              absl::FormatDuration(config_.orphan_grace));
   next_reconcile_ = now + kReconcileInterval;
   loop_ = std::thread([this] { Loop(); });
@@ -146,10 +158,60 @@ void Dispatcher::TakeQueued(job::Job job) {
     --unsettled_[job.spec.type];
   }
   admission_.Counted(job.spec.type);
-  if (jobs_.contains(job.id)) return;
-  scheduler_.Enqueue(ToPending(job));
-  std::string id = job.id;
-  jobs_.emplace(std::move(id), Entry{.job = std::move(job)});
+  if (jobs_.contains(job.id) || !Hold(job)) return;
+  Keep(std::move(job));
+}
+
+bool Dispatcher::Hold(const job::Job& row) {
+  const QueueId queue = QueueOf(row);
+  auto w = windows_.find(queue);
+  if (w == windows_.end()) {
+    if (row.seq <= 0 ||
+        scheduler_.queued_of(queue.first, queue.second) < config_.scheduler.queue_window) {
+      return true;
+    }
+    // The window is full. Every older row of the queue is held or on its way (the queue was
+    // complete): from this row on, newer ones wait in the database.
+    w = windows_.emplace(queue, Window{.bound = row.seq - 1}).first;
+  }
+  if (row.seq <= w->second.bound) return true;  // a late arrival inside the window
+  ++w->second.unheld;
+  return false;
+}
+
+void Dispatcher::Keep(job::Job row) {
+  std::string().swap(row.spec.payload);  // the claim returns it
+  scheduler_.Enqueue(ToPending(row));
+  std::string id = row.id;
+  jobs_.emplace(std::move(id), Entry{.job = std::move(row)});
+}
+
+void Dispatcher::Refill(absl::Time now) {
+  if (windows_.empty() || now < refill_paused_until_) return;
+  const int64_t window = config_.scheduler.queue_window;
+  std::vector<QueueId> complete;
+  for (auto& [queue, w] : windows_) {
+    const int64_t held = scheduler_.queued_of(queue.first, queue.second);
+    if (held >= window / 2) continue;
+    const int64_t limit = window - held;
+    absl::StatusOr<std::vector<job::Job>> page =
+        store_.LoadQueuedPage(queue.first, queue.second, w.bound, limit);
+    if (!page.ok()) {
+      server::Log("dispatch")->warn("cannot read queued jobs type={} key={} status={}",
+                                    queue.first, queue.second, page.status().ToString());
+      refill_paused_until_ = now + kStoreErrorPause;
+      break;
+    }
+    const int64_t rows = static_cast<int64_t>(page->size());
+    for (job::Job& row : *page) {
+      w.bound = std::max(w.bound, row.seq);
+      if (!jobs_.contains(row.id)) Keep(std::move(row));
+    }
+    w.unheld = std::max<int64_t>(0, w.unheld - rows);
+    // Every row the page could see is held now; the rows still to come are on their way.
+    if (rows < limit) complete.push_back(queue);
+  }
+  for (const QueueId& queue : complete) windows_.erase(queue);
 }
 
 void Dispatcher::JobCancelled(const std::string& job_id, job::JobState previous) {
@@ -188,8 +250,7 @@ void Dispatcher::OnRowChanged(const job::Job& row, absl::Time now) {
   if (row.state == JobState::kQueued) {
     if (it != jobs_.end())
       return;  // already queued here (or the row moved on since: the CAS decides)
-    scheduler_.Enqueue(ToPending(row));
-    jobs_.emplace(row.id, Entry{.job = row});
+    if (Hold(row)) Keep(row);
     return;
   }
   if (job::IsTerminal(row.state) && it != jobs_.end()) {
@@ -313,6 +374,7 @@ void Dispatcher::Loop() {
       Sweep(now);
       next_sweep_ = now + kSweepInterval;
     }
+    Refill(now);
     CommitTurn(now);
     PublishLoad(now);
     FlushAcks();
@@ -324,7 +386,12 @@ void Dispatcher::PublishLoad(absl::Time now) {
   for (const config::JobTypeConfig& t : config_.types) {
     queued[t.name] = scheduler_.queued_of_type(t.name);
   }
-  admission_.Publish(static_cast<int64_t>(jobs_.size()), std::move(queued));
+  int64_t waiting = 0;  // in the database, beyond the windows
+  for (const auto& [queue, w] : windows_) {
+    queued[queue.first] += w.unheld;
+    waiting += w.unheld;
+  }
+  admission_.Publish(static_cast<int64_t>(jobs_.size()) + waiting, std::move(queued));
   if (ended_since_publish_ > 0) admission_.Drained(ended_since_publish_, now);
   ended_since_publish_ = 0;
 }
@@ -345,19 +412,37 @@ bool Dispatcher::RunOnLoop(std::function<void()> task) {
 sched::SchedulerStats Dispatcher::SchedulerStats(size_t max_keys) {
   auto out = std::make_shared<sched::SchedulerStats>();
   // A late task may still write *out: read it only if the loop ran it in time.
-  if (!RunOnLoop([this, out, max_keys] { *out = scheduler_.Stats(clock_.TimeNow(), max_keys); })) {
+  if (!RunOnLoop([this, out, max_keys] {
+        *out = scheduler_.Stats(clock_.TimeNow(), max_keys);
+        for (const auto& [queue, w] : windows_) {
+          scheduler_.AddQueued(*out, queue.first, queue.second, w.unheld);
+        }
+      })) {
     return {};
   }
   return *out;
 }
 
-std::optional<sched::WaitInfo> Dispatcher::WhyWaiting(const std::string& job_id) {
+std::optional<sched::WaitInfo> Dispatcher::WhyWaiting(const job::Job& job, bool* paged_out) {
   auto out = std::make_shared<std::optional<sched::WaitInfo>>();
-  if (!RunOnLoop([this, out, job_id] {
-        if (scheduler_.IsPending(job_id)) *out = scheduler_.WhyWaiting(job_id, clock_.TimeNow());
+  auto outside = std::make_shared<bool>(false);
+  if (!RunOnLoop([this, out, outside, id = job.id, queue = QueueOf(job), seq = job.seq] {
+        if (scheduler_.IsPending(id)) {
+          *out = scheduler_.WhyWaiting(id, clock_.TimeNow());
+          return;
+        }
+        auto w = windows_.find(queue);
+        if (w != windows_.end() && seq > w->second.bound) {
+          // In line behind every job of its queue held here.
+          *outside = true;
+          *out = sched::WaitInfo{
+              .reason = sched::WaitReason::kInLine,
+              .position = scheduler_.queued_of(queue.first, queue.second) + 1};
+        }
       })) {
     return std::nullopt;
   }
+  if (paged_out != nullptr) *paged_out = *outside;
   return *out;
 }
 
@@ -1220,6 +1305,7 @@ void Dispatcher::Reconcile(absl::Time now) {
                 absl::FormatDuration(config_.orphan_grace));
         ++repairs_;
         scheduler_.Adopt(ToPlaced(row, row.worker_id));
+        std::string().swap(row.spec.payload);
         std::string id = row.id;
         jobs_.emplace(std::move(id),
                       Entry{.job = std::move(row), .orphan_deadline = now + config_.orphan_grace});
@@ -1235,16 +1321,13 @@ void Dispatcher::Reconcile(absl::Time now) {
       suspect.push_back(id);
     }
   }
-  // Queued jobs: counts first; the whole list only when they differ.
-  absl::StatusOr<std::vector<store::TypeStateCount>> counts = store_.CountActiveByTypeAndState();
-  int64_t queued_rows = 0;
-  if (counts.ok()) {
-    for (const store::TypeStateCount& c : *counts) {
-      if (c.state == JobState::kQueued) queued_rows += c.count;
-    }
+  // Queued jobs, queue by queue: the rows each queue's window should hold against the jobs held;
+  // the rows themselves only where the counts differ.
+  std::vector<store::QueueBound> bounds;
+  for (const auto& [queue, w] : windows_) {
+    bounds.push_back({.type = queue.first, .fairness_key = queue.second, .bound = w.bound});
   }
-  int64_t queued_here = 0;
-  for (const auto& [id, e] : jobs_) queued_here += e.job.state == JobState::kQueued;
+  absl::StatusOr<std::vector<store::QueueCount>> counts = store_.CountQueued(bounds);
 
   if (!suspect.empty()) {
     absl::StatusOr<std::vector<store::JobRef>> refs = store_.GetRefs(suspect);
@@ -1267,43 +1350,79 @@ void Dispatcher::Reconcile(absl::Time now) {
       }
     }
   }
-  if (counts.ok() && queued_rows != queued_here) {
-    absl::StatusOr<std::vector<job::Job>> active = store_.LoadActive();
-    if (active.ok()) {
-      absl::flat_hash_set<std::string> queued_in_db;
-      for (job::Job& row : *active) {
-        if (row.state != JobState::kQueued) continue;
-        queued_in_db.insert(row.id);
-        if (!jobs_.contains(row.id)) {
-          if (row.updated_at < now - kReconcileSettle) {
-            server::Log("dispatch")->warn(
-                "reconcile: queued job={} was not known here: queuing it", row.id);
-            ++repairs_;
-          }
-          OnRowChanged(row, now);
+  if (!counts.ok()) {
+    server::Log("dispatch")
+        ->warn("reconcile: cannot count queued jobs status={}", counts.status().ToString());
+    return;
+  }
+  absl::flat_hash_map<QueueId, std::vector<std::string>> held;  // QUEUED jobs held, by queue
+  for (const auto& [id, e] : jobs_) {
+    if (e.job.state == JobState::kQueued) held[QueueOf(e.job)].push_back(id);
+  }
+  // A queue differs when the jobs held are not the rows its window covers.
+  std::vector<std::pair<QueueId, int64_t>> differ;  // queue, its QUEUED rows
+  absl::flat_hash_set<QueueId> in_db;
+  for (const store::QueueCount& c : *counts) {
+    QueueId queue{c.type, c.fairness_key};
+    if (auto w = windows_.find(queue); w != windows_.end()) {
+      w->second.unheld = c.queued - c.up_to_bound;
+    }
+    auto h = held.find(queue);
+    const int64_t here = h == held.end() ? 0 : static_cast<int64_t>(h->second.size());
+    if (here != c.up_to_bound) differ.emplace_back(queue, c.queued);
+    in_db.insert(std::move(queue));
+  }
+  for (const auto& [queue, ids] : held) {
+    if (!in_db.contains(queue)) differ.emplace_back(queue, 0);  // none QUEUED in the database
+  }
+  for (const auto& [queue, queued] : differ) {
+    auto h = held.find(queue);
+    ReconcileQueue(queue, h == held.end() ? std::vector<std::string>{} : h->second, queued, now);
+  }
+}
+
+void Dispatcher::ReconcileQueue(const QueueId& queue, const std::vector<std::string>& held,
+                                int64_t queued, absl::Time now) {
+  // Jobs held here that are no longer QUEUED in the database and have ended: dropped.
+  if (!held.empty()) {
+    absl::StatusOr<std::vector<store::JobRef>> refs = store_.GetRefs(held);
+    if (refs.ok()) {
+      for (const store::JobRef& r : *refs) {
+        if (!job::IsTerminal(r.state) || !jobs_.contains(r.job_id)) continue;
+        if (r.updated_at < now - kReconcileSettle) {
+          server::Log("dispatch")->error("reconcile: queued job={} is {} in the database: dropping it",
+                                         r.job_id, job::ToString(r.state));
+          ++repairs_;
         }
-      }
-      std::vector<std::string> gone;
-      for (const auto& [id, e] : jobs_) {
-        if (e.job.state == JobState::kQueued && !queued_in_db.contains(id)) gone.push_back(id);
-      }
-      if (!gone.empty()) {
-        absl::StatusOr<std::vector<store::JobRef>> refs = store_.GetRefs(gone);
-        if (refs.ok()) {
-          for (const store::JobRef& r : *refs) {
-            if (!job::IsTerminal(r.state)) continue;
-            if (r.updated_at < now - kReconcileSettle) {
-              server::Log("dispatch")->error(
-                  "reconcile: queued job={} is {} in the database: dropping it", r.job_id,
-                  job::ToString(r.state));
-              ++repairs_;
-            }
-            Drop(r.job_id, "ended elsewhere", now);
-            events_.Publish(r.job_id, r.state);
-          }
-        }
+        Drop(r.job_id, "ended elsewhere", now);
+        events_.Publish(r.job_id, r.state);
       }
     }
+  }
+  // Rows the window covers that are not held: held now.
+  const int64_t window = config_.scheduler.queue_window;
+  auto w = windows_.find(queue);
+  const int64_t bound = w == windows_.end() ? INT64_MAX : w->second.bound;
+  absl::StatusOr<std::vector<job::Job>> rows =
+      store_.LoadQueuedPage(queue.first, queue.second, /*after_seq=*/0, window);
+  if (!rows.ok()) {
+    server::Log("dispatch")->warn("reconcile: cannot read queued jobs type={} key={} status={}",
+                                  queue.first, queue.second, rows.status().ToString());
+    return;
+  }
+  for (job::Job& row : *rows) {
+    if (row.seq > bound) break;
+    if (jobs_.contains(row.id)) continue;
+    if (row.updated_at < now - kReconcileSettle) {
+      server::Log("dispatch")->warn("reconcile: queued job={} was not known here: queuing it",
+                                    row.id);
+      ++repairs_;
+    }
+    Keep(std::move(row));
+  }
+  if (w == windows_.end() && static_cast<int64_t>(rows->size()) == window) {
+    // A complete queue with more rows than a window (their news never came): page the rest.
+    windows_[queue] = Window{.bound = rows->back().seq, .unheld = queued - window};
   }
 }
 

@@ -88,8 +88,10 @@ class Dispatcher {
   // The scheduler's queues, caps, buckets and the `max_keys` lowest-cost keys. Waits for the loop.
   sched::SchedulerStats SchedulerStats(size_t max_keys = SIZE_MAX);
   // Why a queued job waits and its place in line; nullopt if the daemon holds no such queued
-  // job. Waits for the loop.
-  std::optional<sched::WaitInfo> WhyWaiting(const std::string& job_id);
+  // job. A job that waits in the database behind its queue's window (see "Paging" below) is
+  // in line behind the jobs held; `*paged_out` says so (its position is then for the caller to
+  // count). Waits for the loop.
+  std::optional<sched::WaitInfo> WhyWaiting(const job::Job& job, bool* paged_out = nullptr);
   // Changes the rate limit of a model (or of a type without one) until the next config load.
   // False if no configured type uses `rate_key`. Waits for the loop.
   bool SetRateLimit(const std::string& rate_key, config::RateLimit limit);
@@ -153,6 +155,15 @@ class Dispatcher {
 
   // Everything below runs on the loop thread only.
   void TakeQueued(job::Job job);
+  // Paging. A queue is a job type and a fairness key; the loop holds the first QUEUED rows of
+  // each queue, by seq, up to `scheduler.queue_window`, and reads the next ones in as it drains.
+  // Hold() says whether a QUEUED row that arrives (a Submit, a standby's insert, a reconcile)
+  // is held here; if not it waits in the database, counted in its window's `unheld`.
+  bool Hold(const job::Job& row);
+  // Holds a QUEUED row: into jobs_ and the scheduler, without its payload.
+  void Keep(job::Job row);
+  // Reads the next rows of queues whose window ran below half full.
+  void Refill(absl::Time now);
   void DispatchReady(absl::Time now);
   // Tells the admission gate what the loop holds now.
   void PublishLoad(absl::Time now);
@@ -245,6 +256,21 @@ class Dispatcher {
   std::atomic<int64_t> repairs_{0};
 
   // Loop-confined state.
+  using QueueId = std::pair<std::string, std::string>;  // (type, fairness key)
+  // A queue whose QUEUED rows are not all held: every one with seq <= bound is held (or on its
+  // way: JobQueued, RowsChanged), and the `unheld` ones above wait in the database. A queue with
+  // no window is complete: all its rows are held, or on their way.
+  struct Window {
+    int64_t bound = 0;
+    int64_t unheld = 0;  // as last counted, give or take rows that ended in the database since
+  };
+  static QueueId QueueOf(const job::Job& job) { return {job.spec.type, job.spec.fairness_key}; }
+  absl::flat_hash_map<QueueId, Window> windows_;
+  // Reconcile for one queue whose count differs: drops held jobs that ended, holds the rows its
+  // window covers that are missing. `held`: its QUEUED jobs held; `queued`: its QUEUED rows.
+  void ReconcileQueue(const QueueId& queue, const std::vector<std::string>& held, int64_t queued,
+                      absl::Time now);
+  absl::Time refill_paused_until_ = absl::InfinitePast();
   sched::Scheduler scheduler_;
   sched::AdmissionGate& admission_;
   OverflowHook overflow_hook_;

@@ -119,6 +119,7 @@ void JobServiceImpl::Settle(std::vector<job::Job>& jobs,
       gate.Release(job.spec.type);
       continue;
     }
+    job.seq = (*outcomes)[i].seq;
     server::Log("grpc")->debug("queued job={} type={} key={}", job.id, job.spec.type,
                                job.spec.fairness_key);
     if (d != nullptr) {
@@ -336,7 +337,7 @@ grpc::ServerUnaryReactor* JobServiceImpl::Status(grpc::CallbackServerContext* ct
       absl::StatusOr<job::Job> job = store_.Get(req->job_id());
       if (job.ok()) {
         convert::ToProto(*job, resp->mutable_job());
-        if (job->state == JobState::kQueued) AddWaitInfo(resp->mutable_job());
+        if (job->state == JobState::kQueued) AddWaitInfo(*job, resp->mutable_job());
       }
       status = job.status();
     }
@@ -345,11 +346,18 @@ grpc::ServerUnaryReactor* JobServiceImpl::Status(grpc::CallbackServerContext* ct
   return reactor;
 }
 
-void JobServiceImpl::AddWaitInfo(v1::Job* job) {
+void JobServiceImpl::AddWaitInfo(const job::Job& row, v1::Job* job) {
   std::shared_ptr<dispatch::Dispatcher> d = leadership_.dispatcher();
   if (d == nullptr) return;  // only the leader's scheduler knows
-  std::optional<sched::WaitInfo> info = d->WhyWaiting(job->id());
+  bool paged_out = false;
+  std::optional<sched::WaitInfo> info = d->WhyWaiting(row, &paged_out);
   if (!info.has_value()) return;  // the row is QUEUED but the daemon does not hold it (a race)
+  if (paged_out) {
+    // It waits in the database behind its queue's window: count the rows ahead of it.
+    absl::StatusOr<int64_t> ahead =
+        store_.CountQueuedBefore(row.spec.type, row.spec.fairness_key, row.seq);
+    if (ahead.ok()) info->position = *ahead + 1;
+  }
   // kNone: nothing holds it back; it goes at the dispatcher's next turn, behind what goes first.
   const sched::WaitReason reason =
       info->reason == sched::WaitReason::kNone ? sched::WaitReason::kInLine : info->reason;

@@ -75,8 +75,8 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
   static constexpr int kMaxBatchSpecs = 10000;
 
  private:
-  // Fills wait_reason, queue_position and keys_ahead of a QUEUED job the dispatcher holds.
-  void AddWaitInfo(v1::Job* job);
+  // Fills wait_reason, queue_position and keys_ahead of QUEUED `row` in `job`.
+  void AddWaitInfo(const job::Job& row, v1::Job* job);
   // Submit and SubmitBatch: admits `specs`, enqueues them and finishes the call; `answer` fills
   // the response from the outcomes once they are committed.
   using Answer = absl::AnyInvocable<void(const std::vector<store::InsertOutcome>&) &&>;

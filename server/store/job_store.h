@@ -149,8 +149,12 @@ class JobStore {
                                                                const std::string& fairness_key,
                                                                int64_t after_seq,
                                                                int64_t limit) = 0;
+  // QUEUED rows of one queue with a seq below `seq`: the jobs ahead of that one.
+  virtual absl::StatusOr<int64_t> CountQueuedBefore(const std::string& type,
+                                                    const std::string& fairness_key,
+                                                    int64_t seq) = 0;
   // Every queue with QUEUED rows, with its count and how many of them have seq <= the queue's
-  // entry in `bounds` (0 for a queue not named).
+  // entry in `bounds` (all of them for a queue not named).
   virtual absl::StatusOr<std::vector<QueueCount>> CountQueued(
       const std::vector<QueueBound>& bounds) = 0;
 

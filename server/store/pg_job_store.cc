@@ -192,9 +192,15 @@ constexpr Statement kLoadQueuedPage{"load_queued_page",
 WHERE state = 'QUEUED' AND type = $1 AND fairness_key = $2 AND seq > $3::int8
 ORDER BY seq LIMIT $4::int8)sql"};
 
-// $1 types, $2 fairness keys, $3 bounds (parallel arrays).
+// $1 type, $2 fairness key, $3 seq.
+constexpr Statement kCountQueuedBefore{"count_queued_before", R"sql(
+SELECT count(*) FROM jobs
+WHERE state = 'QUEUED' AND type = $1 AND fairness_key = $2 AND seq < $3::int8)sql"};
+
+// $1 types, $2 fairness keys, $3 bounds (parallel arrays); a queue not named has no bound.
 constexpr Statement kCountQueued{"count_queued", R"sql(
-SELECT j.type, j.fairness_key, count(*), count(*) FILTER (WHERE j.seq <= coalesce(b.bound, 0))
+SELECT j.type, j.fairness_key, count(*),
+       count(*) FILTER (WHERE j.seq <= coalesce(b.bound, 9223372036854775807))
 FROM jobs j LEFT JOIN unnest($1::text[], $2::text[], $3::int8[]) AS b(type, fairness_key, bound)
   ON j.type = b.type AND j.fairness_key = b.fairness_key
 WHERE j.state = 'QUEUED'
@@ -360,6 +366,7 @@ constexpr Statement kAllStatements[] = {
     kLoadQueuedHeads,
     kLoadQueuedPage,
     kCountQueued,
+    kCountQueuedBefore,
     kClaim,
     kMarkRunning,
     kMarkRunningMany,
@@ -1003,6 +1010,18 @@ absl::StatusOr<std::vector<job::Job>> PgJobStore::LoadQueuedPage(const std::stri
                           pqxx::nontransaction txn(conn);
                           return RowsToJobs(txn.exec_prepared(kLoadQueuedPage.name, type,
                                                               fairness_key, after_seq, limit));
+                        });
+}
+
+absl::StatusOr<int64_t> PgJobStore::CountQueuedBefore(const std::string& type,
+                                                      const std::string& fairness_key,
+                                                      int64_t seq) {
+  return WithConnection(*pool_, "count queued jobs ahead",
+                        [&](pqxx::connection& conn) -> absl::StatusOr<int64_t> {
+                          pqxx::nontransaction txn(conn);
+                          return txn.exec_prepared(kCountQueuedBefore.name, type, fairness_key,
+                                                   seq)[0][0]
+                              .as<int64_t>();
                         });
 }
 

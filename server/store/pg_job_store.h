@@ -63,6 +63,8 @@ class PgJobStore final : public JobStore {
   absl::StatusOr<std::vector<job::Job>> LoadQueuedPage(const std::string& type,
                                                        const std::string& fairness_key,
                                                        int64_t after_seq, int64_t limit) override;
+  absl::StatusOr<int64_t> CountQueuedBefore(const std::string& type,
+                                            const std::string& fairness_key, int64_t seq) override;
   absl::StatusOr<std::vector<QueueCount>> CountQueued(
       const std::vector<QueueBound>& bounds) override;
   using JobStore::Claim;

@@ -319,6 +319,17 @@ absl::StatusOr<std::vector<v1::WorkerInfo>> Daemon::Workers() {
   return std::vector<v1::WorkerInfo>(resp.workers().begin(), resp.workers().end());
 }
 
+absl::StatusOr<v1::StatsResponse> Daemon::Stats() {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(Deadline(absl::Seconds(10)));
+  v1::StatsResponse resp;
+  grpc::Status s = admin_->Stats(&ctx, v1::StatsRequest(), &resp);
+  if (!s.ok()) {
+    return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+  }
+  return resp;
+}
+
 bool Daemon::WaitForWorkers(int n, absl::Duration timeout) {
   return WaitFor(
       [&] {

@@ -123,6 +123,7 @@ class Daemon {
   absl::StatusOr<std::string> Submit(const v1::JobSpec& spec);
   absl::StatusOr<v1::Job> Status(const std::string& job_id);
   absl::StatusOr<std::vector<v1::WorkerInfo>> Workers();
+  absl::StatusOr<v1::StatsResponse> Stats();
   // Waits until `n` workers are connected.
   bool WaitForWorkers(int n, absl::Duration timeout = absl::Seconds(30));
   // Waits until every job in `ids` is terminal; fills `out` with the final records.

@@ -47,15 +47,6 @@ class RecoveryTest : public ::testing::Test {
     return d.ok() ? *std::move(d) : nullptr;
   }
 
-  absl::StatusOr<v1::StatsResponse> Stats(Daemon& d) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-    v1::StatsResponse resp;
-    grpc::Status s = d.admin().Stats(&ctx, v1::StatsRequest(), &resp);
-    if (!s.ok()) return absl::UnavailableError(s.error_message());
-    return resp;
-  }
-
   TempDir dir_;
   std::unique_ptr<testing::TestDatabase> db_;
 };
@@ -106,7 +97,7 @@ TEST_F(RecoveryTest, SlotLeakedByAWorkerThatForgetsAJobIsFoundAndFreed) {
   EXPECT_EQ(done[0].state(), v1::JOB_STATE_SUCCEEDED);
   EXPECT_EQ(done[0].attempt(), 2) << "the forgotten attempt counts as interrupted";
   EXPECT_EQ(done[1].state(), v1::JOB_STATE_SUCCEEDED);
-  absl::StatusOr<v1::StatsResponse> stats = Stats(*d);
+  absl::StatusOr<v1::StatsResponse> stats = d->Stats();
   ASSERT_TRUE(stats.ok()) << stats.status();
   EXPECT_GE(stats->accounting_repairs(), 1);
   EXPECT_THAT(d->process().Log(), HasSubstr("treating it as lost there"));
@@ -308,7 +299,7 @@ TEST_F(RecoveryTest, QueuedRowTheDaemonNeverHeardOfIsFoundAndRun) {
   EXPECT_EQ(done[0].result(), "hidden");
   EXPECT_THAT(d->process().Log(),
               HasSubstr("reconcile: queued job=j_behind_its_back was not known"));
-  absl::StatusOr<v1::StatsResponse> stats = Stats(*d);
+  absl::StatusOr<v1::StatsResponse> stats = d->Stats();
   ASSERT_TRUE(stats.ok());
   EXPECT_GE(stats->accounting_repairs(), 1);
 }

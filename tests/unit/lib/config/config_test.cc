@@ -189,6 +189,20 @@ TEST(ConfigTest, CostAlphaIsInZeroOne) {
   }
 }
 
+TEST(ConfigTest, QueueWindowIsBounded) {
+  Config c = ValidConfig();
+  for (int64_t good : {16, 2048, 1'000'000}) {
+    c.scheduler.queue_window = good;
+    EXPECT_THAT(c.Validate(), IsOk()) << good;
+  }
+  for (int64_t bad : {0, 15, 1'000'001}) {
+    c.scheduler.queue_window = bad;
+    EXPECT_THAT(c.Validate(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                       "scheduler.queue_window: must be in [16, 1000000]"))
+        << bad;
+  }
+}
+
 TEST(ConfigTest, MaxActiveMustBePositive) {
   Config c = ValidConfig();
   c.max_active = 0;

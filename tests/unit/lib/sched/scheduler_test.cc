@@ -51,6 +51,32 @@ TEST(SchedulerTest, DispatchesInArrivalOrderUpToFreeSlots) {
   EXPECT_EQ(s.WhyWaiting("late", kNow).reason, WaitReason::kWorkersBusy);
 }
 
+TEST(SchedulerTest, CountsQueuedJobsPerTypeAndFairnessKey) {
+  Scheduler s(TwoTypes());
+  auto job = [](std::string id, std::string type, std::string key, int seconds_after = 0) {
+    PendingJob p = Job(std::move(id), std::move(type));
+    p.fairness_key = std::move(key);
+    p.not_before = kNow + absl::Seconds(seconds_after);
+    return p;
+  };
+  s.Enqueue(job("a1", "echo", "alice"));
+  s.Enqueue(job("a2", "echo", "alice", 60));  // not due yet: still queued
+  s.Enqueue(job("a3", "embed", "alice"));
+  s.Enqueue(job("b1", "echo", "bob"));
+  EXPECT_EQ(s.queued_of("echo", "alice"), 2);
+  EXPECT_EQ(s.queued_of("embed", "alice"), 1);
+  EXPECT_EQ(s.queued_of("echo", "bob"), 1);
+  EXPECT_EQ(s.queued_of("embed", "bob"), 0);
+  EXPECT_EQ(s.queued_of("echo", "nobody"), 0);
+
+  s.AddWorker({.id = "w1", .types = {"echo"}, .slots = 1});
+  ASSERT_THAT(Pairs(s.Decide(kNow)), SizeIs(1));  // a1 or b1 leaves the queue
+  EXPECT_EQ(s.queued_of("echo", "alice") + s.queued_of("echo", "bob"), 2);
+  EXPECT_TRUE(s.RemovePending("a3"));
+  EXPECT_EQ(s.queued_of("embed", "alice"), 0);
+  EXPECT_THAT(s.Audit(/*repair=*/false), IsEmpty());
+}
+
 TEST(SchedulerTest, FillsLowestRankedWorkerFirst) {
   Scheduler s(TwoTypes());
   s.AddWorker({.id = "first", .types = {"echo"}, .slots = 2});
