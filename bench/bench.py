@@ -140,16 +140,16 @@ class Daemon:
     def any_active(self):
         """Whether any job is still active: one index probe, so that polling costs the server
         next to nothing while it is being measured."""
-        return psql(self.url, "SELECT EXISTS (SELECT 1 FROM jobs WHERE state IN "
+        return psql(self.url, "SELECT EXISTS (SELECT 1 FROM jobs_active WHERE state IN "
                               "('QUEUED', 'DISPATCHED', 'RUNNING'))")[0][0] == "t"
 
 
 def queue_noop_jobs(url, n, jtype):
     """Inserts n queued jobs in one statement, as a client's bulk load would leave them."""
-    psql(url, "INSERT INTO jobs (id, type, payload, state, max_attempts, timeout_ms, created_at, "
-              f"updated_at) SELECT 'j' || i, '{jtype}', ''::bytea, 'QUEUED', 3, 60000, now(), "
-              f"now() FROM generate_series(1, {int(n)}) AS i", timeout=600)
-    psql(url, "VACUUM ANALYZE jobs", timeout=600)
+    psql(url, "INSERT INTO jobs_active (id, type, payload, state, max_attempts, timeout_ms, "
+              f"created_at, updated_at) SELECT 'j' || i, '{jtype}', ''::bytea, 'QUEUED', 3, 60000, "
+              f"now(), now() FROM generate_series(1, {int(n)}) AS i", timeout=600)
+    psql(url, "VACUUM ANALYZE jobs_active", timeout=600)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -157,12 +157,14 @@ def queue_noop_jobs(url, n, jtype):
 
 
 def keep_finished_jobs(url, n, jtype):
-    """Adds n SUCCEEDED jobs that finished within the last hour, as a busy day leaves them."""
-    psql(url, "INSERT INTO jobs (id, type, payload, state, attempt, max_attempts, timeout_ms, "
-              "worker_id, result, created_at, dispatched_at, finished_at, updated_at) "
-              f"SELECT 'f' || i, '{jtype}', 'x'::bytea, 'SUCCEEDED', 1, 3, 60000, 'w1', "
-              "'x'::bytea, t, t, t, t FROM (SELECT i, now() - (i % 3600) * interval '1 second' "
-              f"AS t FROM generate_series(1, {int(n)}) AS i) s", timeout=3600)
+    """Adds n SUCCEEDED jobs that finished just now (within their retention), into the table
+    and partition the daemon keeps ended jobs in."""
+    psql(url, "INSERT INTO jobs_done (seq, id, type, payload, state, attempt, max_attempts, "
+              "timeout_ms, worker_id, result, created_at, dispatched_at, finished_at, updated_at) "
+              f"SELECT i, 'f' || i, '{jtype}', 'x'::bytea, 'SUCCEEDED', 1, 3, 60000, 'w1', "
+              f"'x'::bytea, now(), now(), now(), now() FROM generate_series(1, {int(n)}) AS i",
+         timeout=3600)
+    psql(url, "VACUUM ANALYZE jobs_done", timeout=3600)
 
 
 def drain_once(b, name, jobs, finished=0):
@@ -192,7 +194,7 @@ def drain_once(b, name, jobs, finished=0):
         row = psql(d.url, "SELECT count(*), extract(epoch FROM max(finished_at) - "
                           "min(dispatched_at)), count(*) FILTER (WHERE state = 'SUCCEEDED'), "
                           "extract(epoch FROM min(dispatched_at)) "
-                          "FROM jobs WHERE id NOT LIKE 'f%'")[0]
+                          "FROM jobs_done WHERE id NOT LIKE 'f%'")[0]
         n, span, ok = int(row[0]), float(row[1]), int(row[2])
         if ok != n or n != jobs:
             raise BenchError(f"drain: {ok} of {jobs} jobs succeeded ({n} rows); logs in {d.dir}")

@@ -73,6 +73,10 @@ absl::Status Config::Validate() const {
   if (idempotency_window < absl::ZeroDuration()) {
     return Bad("idempotency_window", "must not be negative");
   }
+  if (retention < absl::Seconds(1) || retention > absl::Hours(24 * 3650)) {
+    return Bad("retention",
+               absl::StrCat("must be between 1s and 3650 days, got ", absl::FormatDuration(retention)));
+  }
   if (scheduler.policy != "fair" && scheduler.policy != "fifo") {
     return Bad("scheduler.policy",
                absl::StrCat("want fair or fifo, got \"", scheduler.policy, "\""));
@@ -219,6 +223,11 @@ std::vector<std::string> Config::Warnings() const {
     if (!t.model.empty() && t.vram_gb >= 0) budgeted.insert(t.model);
   }
   std::vector<std::string> out;
+  if (idempotency_window > retention) {
+    out.push_back(absl::StrCat("idempotency_window: ", absl::FormatDuration(idempotency_window),
+                               " is longer than retention (", absl::FormatDuration(retention),
+                               "): an ended job holds its key only while it is kept"));
+  }
   absl::flat_hash_set<absl::string_view> warned;
   for (size_t i = 0; i < types.size(); ++i) {
     const JobTypeConfig& t = types[i];

@@ -150,6 +150,8 @@ struct Config {
   int64_t max_active = 1'000'000;
   // How long after a job ends a repeat of its idempotency_key still returns it.
   absl::Duration idempotency_window = absl::Hours(24);
+  // How long ended jobs are kept (readable with Status) before they are deleted.
+  absl::Duration retention = absl::Hours(24 * 7);
   PostgresConfig postgres;
   SchedulerConfig scheduler;
   MemoryThrottleConfig memory_throttle;

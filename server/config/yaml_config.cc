@@ -174,7 +174,8 @@ config::Config ParseRoot(const YAML::Node& root) {
   if (root.IsNull()) return c;
   ForEachKey(root, "",
              {"listen", "state_dir", "log_level", "max_payload_bytes", "heartbeat_interval",
-              "worker_stale_after", "orphan_grace", "max_active", "idempotency_window", "postgres",
+              "worker_stale_after", "orphan_grace", "max_active", "idempotency_window",
+              "retention", "postgres",
               "scheduler", "memory_throttle", "overflow_hook", "ha", "tiers", "types"},
              [&](const std::string& key, const std::string& full, const YAML::Node& v) {
                if (key == "listen") c.listen = String(v, full);
@@ -186,6 +187,7 @@ config::Config ParseRoot(const YAML::Node& root) {
                if (key == "orphan_grace") c.orphan_grace = Duration(v, full);
                if (key == "max_active") c.max_active = Int(v, full);
                if (key == "idempotency_window") c.idempotency_window = Duration(v, full);
+               if (key == "retention") c.retention = Duration(v, full);
                if (key == "postgres") {
                  ForEachKey(v, full, {"url", "pool_size", "embedded_user", "bin_dir", "connect_wait"},
                             [&](const std::string& k, const std::string& f, const YAML::Node& pv) {

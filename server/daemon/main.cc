@@ -31,6 +31,7 @@
 #include "server/rpc/job_service.h"
 #include "server/rpc/worker_service.h"
 #include "server/store/group_inserter.h"
+#include "server/store/retention_keeper.h"
 #include "server/store/pg_job_store.h"
 #include "server/util/executor.h"
 #include "server/util/log.h"
@@ -83,7 +84,9 @@ absl::StatusOr<std::unique_ptr<store::PgJobStore>> ConnectStore(const config::Co
     absl::StatusOr<std::unique_ptr<store::PgJobStore>> store = store::PgJobStore::Connect(
         store::PgStoreOptions{.url = url,
                               .pool_size = config.postgres.pool_size,
-                              .application_name = ha::ApplicationName(daemon_id)});
+                              .application_name = ha::ApplicationName(daemon_id),
+                              .idempotency_window = config.idempotency_window,
+                              .retention = config.retention});
     if (store.ok() || store.status().code() != absl::StatusCode::kUnavailable ||
         absl::Now() >= give_up) {
       return store;
@@ -183,6 +186,7 @@ int Run(int argc, char** argv) {
   ha::Leadership leadership(config, ha::LeadershipOptions{.url = url, .daemon_id = daemon_id},
                             **store, clock, events, admission);
   store::GroupInserter inserter(**store, store::GroupInserter::Options{});
+  store::RetentionKeeper retention(**store);
   rpc::JobServiceImpl job_service(config, **store, inserter, leadership, events, executor, clock);
   rpc::WorkerServiceImpl worker_service(leadership);
   rpc::AdminServiceImpl admin_service(config, **store, leadership, executor);
@@ -227,6 +231,7 @@ int Run(int argc, char** argv) {
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(3));
   server->Wait();
   inserter.Stop();
+  retention.Stop();
   log->info("stopped");
   return 0;
 }

@@ -648,15 +648,6 @@ void Dispatcher::Sweep(absl::Time now) {
         events_.Publish(id, JobState::kExpired);
       }
     }
-    // Idempotency keys of jobs that ended more than idempotency_window ago are free again.
-    absl::StatusOr<int64_t> released =
-        store_.ReleaseIdempotencyKeys(now - config_.idempotency_window);
-    if (!released.ok()) {
-      server::Log("dispatch")->warn("idempotency key release failed status={}",
-                                    released.status().ToString());
-    } else if (*released > 0) {
-      server::Log("dispatch")->debug("released idempotency keys n={}", *released);
-    }
   }
 }
 

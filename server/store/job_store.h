@@ -105,7 +105,7 @@ struct CancelOutcome {
 // NotFound, FailedPrecondition, InvalidArgument, Internal.
 //
 // Fencing: the writes only the leading daemon makes (Claim, MarkRunning, ReturnToQueue, Retry,
-// Finish, ExpireOverdue, ReleaseIdempotencyKeys) carry the leader epoch set by SetFence and
+// Finish, ExpireOverdue) carry the leader epoch set by SetFence and
 // change nothing once another daemon has become the leader: then they fail FailedPrecondition
 // ("fenced: ..."). Insert, Cancel and the reads are open to every daemon.
 class JobStore {
@@ -114,8 +114,9 @@ class JobStore {
 
   // Inserts `job` (state QUEUED, attempt 0; `job.id` set by the caller). When the spec has an
   // idempotency key and a job with the same (fairness_key, idempotency_key) still holds it (the
-  // job is active, or ended and ReleaseIdempotencyKeys has not released it yet), returns that
-  // job's id with deduplicated = true. Race-free: of concurrent inserts of one key, one inserts.
+  // job is active, or ended less than the store's idempotency window ago and is still kept),
+  // returns that job's id with deduplicated = true. Race-free: of concurrent inserts of one key,
+  // one inserts.
   virtual absl::StatusOr<InsertOutcome> Insert(const job::Job& job) = 0;
 
   // Inserts `jobs` as Insert would each, all or none, in one round trip where no job has an
@@ -206,12 +207,6 @@ class JobStore {
   // Returns the ids expired.
   virtual absl::StatusOr<std::vector<std::string>> ExpireOverdue(absl::Time now,
                                                                  const std::string& error) = 0;
-
-  // Frees the idempotency keys of terminal jobs that finished before `finished_before`: a later
-  // Insert with the same (fairness_key, idempotency_key) creates a new job. The old rows stay.
-  // Releases at most a bounded batch per call (rows locked by others are left for the next call)
-  // and returns how many keys it released.
-  virtual absl::StatusOr<int64_t> ReleaseIdempotencyKeys(absl::Time finished_before) = 0;
 
   // Counts by type and state.
   virtual absl::StatusOr<std::vector<TypeStateCount>> CountByTypeAndState() = 0;

@@ -120,11 +120,95 @@ constexpr char kMigration4QueuedByQueue[] = R"sql(
 CREATE INDEX jobs_queued_by_queue ON jobs (type, fairness_key, seq) WHERE state = 'QUEUED';
 )sql";
 
+// Version 5: ended jobs in a table of their own, partitioned by finish time.
+//
+// - jobs (renamed jobs_active) keeps the active jobs only, so its heap and indexes stay the size
+//   of the work in flight, however many ended jobs are kept for Status. A job's end moves its row
+//   to jobs_done in the same statement (pg_job_store.cc, DISPATCHD_PG_INSERT_DONE).
+// - jobs_done is partitioned by finished_at in spans of PgJobStore::DonePartitionSpan(retention)
+//   named jobs_done_<from>_<to> (seconds since the epoch). Retention drops whole partitions:
+//   no row is deleted one by one, no dead tuple is left for VACUUM. The daemon adds partitions
+//   ahead of the clock.
+// - An ended job holds its idempotency key while it finished less than idempotency_window ago,
+//   read from finished_at (jobs_done_by_idempotency_key), so nothing needs releasing; the unique
+//   index jobs_idempotency on jobs_active still serializes inserts against active holders.
+//   released_idempotency_key and its index go.
+// - The view `jobs` shows both tables as one, for operators and tools that read rows with SQL.
+// - Rows that ended before this version move into one partition covering their finish times.
+// - A daemon of an earlier version cannot run on this schema: stop them all before the upgrade.
+constexpr char kMigration5JobsDone[] = R"sql(
+ALTER TABLE jobs RENAME TO jobs_active;
+DROP INDEX jobs_idempotency_held;
+CREATE TABLE jobs_done (
+  seq bigint NOT NULL,
+  id text NOT NULL,
+  type text NOT NULL,
+  payload bytea NOT NULL,
+  resource_id text NOT NULL DEFAULT '',
+  fairness_key text NOT NULL DEFAULT '',
+  idempotency_key text NOT NULL DEFAULT '',
+  labels jsonb NOT NULL DEFAULT '{}',
+  state text NOT NULL CHECK (state IN ('SUCCEEDED', 'FAILED', 'CANCELLED', 'EXPIRED')),
+  attempt int NOT NULL,
+  max_attempts int NOT NULL,
+  timeout_ms bigint NOT NULL,
+  dispatch_deadline_at timestamptz NULL,
+  not_before timestamptz NULL,
+  worker_id text NOT NULL DEFAULT '',
+  result bytea NULL,
+  error text NOT NULL DEFAULT '',
+  created_at timestamptz NOT NULL,
+  dispatched_at timestamptz NULL,
+  started_at timestamptz NULL,
+  finished_at timestamptz NOT NULL,
+  updated_at timestamptz NOT NULL
+) PARTITION BY RANGE (finished_at);
+CREATE INDEX jobs_done_by_id ON jobs_done (id);
+CREATE INDEX jobs_done_by_idempotency_key ON jobs_done (fairness_key, idempotency_key, finished_at)
+  WHERE idempotency_key <> '';
+DO $$
+DECLARE
+  lo int8;
+  hi int8 := floor(extract(epoch FROM now()))::int8 + 1;
+BEGIN
+  SELECT floor(extract(epoch FROM min(coalesce(finished_at, updated_at))))::int8 INTO lo
+  FROM jobs_active WHERE state NOT IN ('QUEUED', 'DISPATCHED', 'RUNNING');
+  IF lo IS NOT NULL THEN
+    EXECUTE format('CREATE TABLE %I PARTITION OF jobs_done FOR VALUES FROM (%L) TO (%L)',
+                   'jobs_done_' || lo || '_' || hi, to_timestamp(lo), to_timestamp(hi));
+  END IF;
+END $$;
+INSERT INTO jobs_done (seq, id, type, payload, resource_id, fairness_key, idempotency_key, labels,
+                       state, attempt, max_attempts, timeout_ms, dispatch_deadline_at,
+                       not_before, worker_id, result, error, created_at, dispatched_at,
+                       started_at, finished_at, updated_at)
+SELECT seq, id, type, payload, resource_id, fairness_key,
+       coalesce(released_idempotency_key, idempotency_key), labels, state, attempt, max_attempts,
+       timeout_ms, dispatch_deadline_at, not_before, worker_id, result, error, created_at,
+       dispatched_at, started_at, coalesce(finished_at, updated_at), updated_at
+FROM jobs_active WHERE state NOT IN ('QUEUED', 'DISPATCHED', 'RUNNING');
+DELETE FROM jobs_active WHERE state NOT IN ('QUEUED', 'DISPATCHED', 'RUNNING');
+ALTER TABLE jobs_active DROP COLUMN released_idempotency_key;
+ALTER TABLE jobs_active ADD CONSTRAINT jobs_active_state_is_active
+  CHECK (state IN ('QUEUED', 'DISPATCHED', 'RUNNING'));
+CREATE VIEW jobs AS
+  SELECT seq, id, type, payload, resource_id, fairness_key, idempotency_key, labels, state,
+         attempt, max_attempts, timeout_ms, dispatch_deadline_at, not_before, worker_id, result,
+         error, created_at, dispatched_at, started_at, finished_at, updated_at
+  FROM jobs_active
+  UNION ALL
+  SELECT seq, id, type, payload, resource_id, fairness_key, idempotency_key, labels, state,
+         attempt, max_attempts, timeout_ms, dispatch_deadline_at, not_before, worker_id, result,
+         error, created_at, dispatched_at, started_at, finished_at, updated_at
+  FROM jobs_done;
+)sql";
+
 constexpr Migration kMigrations[] = {
     {1, "jobs table", kMigration1Jobs},
     {2, "idempotency window", kMigration2IdempotencyWindow},
     {3, "leader", kMigration3Leader},
     {4, "queued jobs by queue", kMigration4QueuedByQueue},
+    {5, "ended jobs apart, partitioned by finish time", kMigration5JobsDone},
 };
 
 }  // namespace

@@ -17,7 +17,10 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "pqxx/array"
@@ -52,7 +55,7 @@ struct Statement {
 // expression read as the payload.
 #define DISPATCHD_PG_JOB_COLUMNS_WITH(payload)                                                \
   "id, type, " payload ", resource_id, fairness_key, "                                        \
-  "coalesce(released_idempotency_key, idempotency_key), max_attempts, timeout_ms, "           \
+  "idempotency_key, max_attempts, timeout_ms, "           \
   "(extract(epoch FROM dispatch_deadline_at - created_at) * 1000000)::int8, "                 \
   "(extract(epoch FROM not_before) * 1000000)::int8, "                                        \
   "ARRAY(SELECT ARRAY[key, value] FROM jsonb_each_text(labels)), "                            \
@@ -102,33 +105,20 @@ enum Col {
   kColSeq,
 };
 
-// $1 id, $2 type, $3 payload (binary), $4 resource_id, $5 fairness_key, $6 idempotency_key,
-// $7 label keys, $8 label values, $9 max_attempts, $10 timeout_ms, $11 dispatch deadline in us
-// (NULL: none), $12 not_before in us (NULL: none). Returns no row when deduplicated.
-// created_at and dispatch_deadline_at both use now(), so their difference is exactly the spec's.
-constexpr Statement kInsertJob{"insert_job", R"sql(
-INSERT INTO jobs (id, type, payload, resource_id, fairness_key, idempotency_key, labels, state,
-                  attempt, max_attempts, timeout_ms, dispatch_deadline_at, not_before,
-                  created_at, updated_at)
-VALUES ($1, $2, $3, $4, $5, $6, jsonb_object($7::text[], $8::text[]), 'QUEUED', 0, $9::int4,
-        $10::int8, now() + $11::int8 * interval '1 microsecond',
-        timestamptz 'epoch' + $12::int8 * interval '1 microsecond', now(), now())
-ON CONFLICT (fairness_key, idempotency_key) WHERE idempotency_key <> '' DO NOTHING
-RETURNING id, seq)sql"};
-
-// Many kInsertJob in one statement, in array order (so seq follows it): $1 ids, $2 types, $3
+// Inserts jobs as QUEUED in one statement, in array order (so seq follows it): $1 ids, $2 types, $3
 // payloads (hex), $4 resource ids, $5 fairness keys, $6 idempotency keys, $7 label keys and $8
 // label values (each element a text-array literal), $9 max attempts, $10 timeouts (ms), $11
 // dispatch deadlines (us, NULL: none), $12 not_before (us since the epoch, NULL: none): parallel
 // arrays, one element per job. $13: whether to NOTIFY the leader of each new row, in the same
 // statement so that the notification goes out exactly when the rows commit. Returns the ids
-// inserted and their seq; a row left out met an existing (or earlier in the same array)
-// idempotency key.
+// inserted and their seq; a row left out met an active job (or one earlier in the same array)
+// holding its idempotency key. created_at and dispatch_deadline_at both use now(), so their
+// difference is exactly the spec's.
 constexpr Statement kInsertJobs{"insert_jobs", R"sql(
 WITH ins AS (
-  INSERT INTO jobs (id, type, payload, resource_id, fairness_key, idempotency_key, labels, state,
-                    attempt, max_attempts, timeout_ms, dispatch_deadline_at, not_before,
-                    created_at, updated_at)
+  INSERT INTO jobs_active (id, type, payload, resource_id, fairness_key, idempotency_key, labels,
+                           state, attempt, max_attempts, timeout_ms, dispatch_deadline_at,
+                           not_before, created_at, updated_at)
   SELECT r.id, r.type, decode(r.payload_hex, 'hex'), r.resource_id, r.fairness_key,
          r.idempotency_key, jsonb_object(r.label_keys::text[], r.label_values::text[]), 'QUEUED',
          0, r.max_attempts, r.timeout_ms, now() + r.deadline_us * interval '1 microsecond',
@@ -144,31 +134,57 @@ WITH ins AS (
 SELECT ins.id, ins.seq, CASE WHEN $13::bool THEN pg_notify('dispatchd_jobs', ins.id) END
 FROM ins)sql"};
 
-// $1 fairness keys, $2 idempotency keys (parallel arrays): the jobs holding those keys.
-constexpr Statement kSelectByIdempotencyKeys{"select_by_idempotency_keys", R"sql(
-SELECT j.fairness_key, j.idempotency_key, j.id
-FROM jobs j JOIN unnest($1::text[], $2::text[]) AS k(fairness_key, idempotency_key)
-  ON j.fairness_key = k.fairness_key AND j.idempotency_key = k.idempotency_key
-WHERE j.idempotency_key <> '')sql"};
+// Idempotency keys. A job holds its (fairness_key, idempotency_key) while it is active (the
+// unique index jobs_idempotency on jobs_active) and for the idempotency window after it ended
+// (a row of jobs_done that finished less than $3 microseconds ago).
+//
+// $1 fairness keys, $2 idempotency keys (parallel arrays), $3 the window in us: the job holding
+// each key, if any: the active one, else the one that finished last.
+constexpr Statement kSelectHolders{"select_holders", R"sql(
+SELECT k.fairness_key, k.idempotency_key, h.id
+FROM unnest($1::text[], $2::text[]) AS k(fairness_key, idempotency_key)
+CROSS JOIN LATERAL (
+  (SELECT id, 0 AS pref FROM jobs_active
+   WHERE fairness_key = k.fairness_key AND idempotency_key = k.idempotency_key
+     AND idempotency_key <> '')
+  UNION ALL
+  (SELECT id, 1 FROM jobs_done
+   WHERE fairness_key = k.fairness_key AND idempotency_key = k.idempotency_key
+     AND idempotency_key <> '' AND finished_at > now() - $3::int8 * interval '1 microsecond'
+   ORDER BY finished_at DESC LIMIT 1)
+  ORDER BY pref LIMIT 1
+) h)sql"};
 
-// $1 fairness_key, $2 idempotency_key: the job holding the key, if any (a released key has moved
-// to released_idempotency_key).
-constexpr Statement kSelectByIdempotencyKey{"select_by_idempotency_key", R"sql(
-SELECT id FROM jobs WHERE fairness_key = $1 AND idempotency_key = $2 AND idempotency_key <> '')sql"};
+// Same arguments: the keys held by a job that ended within the window ($3), and its id.
+constexpr Statement kSelectDoneHolders{"select_done_holders", R"sql(
+SELECT DISTINCT ON (k.fairness_key, k.idempotency_key) k.fairness_key, k.idempotency_key, d.id
+FROM unnest($1::text[], $2::text[]) AS k(fairness_key, idempotency_key)
+JOIN jobs_done d ON d.fairness_key = k.fairness_key AND d.idempotency_key = k.idempotency_key
+WHERE d.idempotency_key <> '' AND d.finished_at > now() - $3::int8 * interval '1 microsecond'
+ORDER BY k.fairness_key, k.idempotency_key, d.finished_at DESC)sql"};
 
+// $1 ids: rows just inserted that turned out to repeat a key (same transaction).
+constexpr Statement kUndoInserts{"undo_inserts",
+                                 "DELETE FROM jobs_active WHERE id = ANY($1::text[])"};
+
+// Reads see both tables; a job is in exactly one of them (a move is one statement).
 constexpr Statement kGetJob{"get_job",
-                            "SELECT " DISPATCHD_PG_JOB_COLUMNS " FROM jobs WHERE id = $1"};
+                            "SELECT " DISPATCHD_PG_JOB_COLUMNS " FROM jobs_active WHERE id = $1 "
+                            "UNION ALL SELECT " DISPATCHD_PG_JOB_COLUMNS
+                            " FROM jobs_done WHERE id = $1"};
 
 // $1 ids.
-constexpr Statement kGetJobs{
-    "get_jobs", "SELECT " DISPATCHD_PG_JOB_COLUMNS " FROM jobs WHERE id = ANY($1::text[])"};
+constexpr Statement kGetJobs{"get_jobs", "SELECT " DISPATCHD_PG_JOB_COLUMNS
+                                         " FROM jobs_active WHERE id = ANY($1::text[]) "
+                                         "UNION ALL SELECT " DISPATCHD_PG_JOB_COLUMNS
+                                         " FROM jobs_done WHERE id = ANY($1::text[])"};
 
 constexpr Statement kLoadActive{
     "load_active", "SELECT " DISPATCHD_PG_JOB_COLUMNS
-                   " FROM jobs WHERE state IN " DISPATCHD_PG_ACTIVE_STATES " ORDER BY seq"};
+                   " FROM jobs_active WHERE state IN " DISPATCHD_PG_ACTIVE_STATES " ORDER BY seq"};
 
 constexpr Statement kLoadPlaced{"load_placed", "SELECT " DISPATCHD_PG_JOB_COLUMNS_NO_PAYLOAD
-                                               " FROM jobs WHERE state IN ('DISPATCHED', "
+                                               " FROM jobs_active WHERE state IN ('DISPATCHED', "
                                                "'RUNNING') ORDER BY seq"};
 
 // $1 rows per queue. Each queue's QUEUED count, then its first rows: job columns, then the count
@@ -176,11 +192,11 @@ constexpr Statement kLoadPlaced{"load_placed", "SELECT " DISPATCHD_PG_JOB_COLUMN
 // its rows with one index range scan each.
 constexpr Statement kLoadQueuedHeads{"load_queued_heads", R"sql(
 WITH q AS (
-  SELECT type, fairness_key, count(*) AS n FROM jobs WHERE state = 'QUEUED'
+  SELECT type, fairness_key, count(*) AS n FROM jobs_active WHERE state = 'QUEUED'
   GROUP BY type, fairness_key
 )
 SELECT j.*, q.n FROM q CROSS JOIN LATERAL (
-  SELECT )sql" DISPATCHD_PG_JOB_COLUMNS_NO_PAYLOAD R"sql( FROM jobs
+  SELECT )sql" DISPATCHD_PG_JOB_COLUMNS_NO_PAYLOAD R"sql( FROM jobs_active
   WHERE state = 'QUEUED' AND type = q.type AND fairness_key = q.fairness_key
   ORDER BY seq LIMIT $1::int8
 ) j
@@ -188,20 +204,20 @@ ORDER BY j.seq)sql"};
 
 // $1 type, $2 fairness key, $3 after seq, $4 limit.
 constexpr Statement kLoadQueuedPage{"load_queued_page",
-                                    "SELECT " DISPATCHD_PG_JOB_COLUMNS_NO_PAYLOAD R"sql( FROM jobs
+                                    "SELECT " DISPATCHD_PG_JOB_COLUMNS_NO_PAYLOAD R"sql( FROM jobs_active
 WHERE state = 'QUEUED' AND type = $1 AND fairness_key = $2 AND seq > $3::int8
 ORDER BY seq LIMIT $4::int8)sql"};
 
 // $1 type, $2 fairness key, $3 seq.
 constexpr Statement kCountQueuedBefore{"count_queued_before", R"sql(
-SELECT count(*) FROM jobs
+SELECT count(*) FROM jobs_active
 WHERE state = 'QUEUED' AND type = $1 AND fairness_key = $2 AND seq < $3::int8)sql"};
 
 // $1 types, $2 fairness keys, $3 bounds (parallel arrays); a queue not named has no bound.
 constexpr Statement kCountQueued{"count_queued", R"sql(
 SELECT j.type, j.fairness_key, count(*),
        count(*) FILTER (WHERE j.seq <= coalesce(b.bound, 9223372036854775807))
-FROM jobs j LEFT JOIN unnest($1::text[], $2::text[], $3::int8[]) AS b(type, fairness_key, bound)
+FROM jobs_active j LEFT JOIN unnest($1::text[], $2::text[], $3::int8[]) AS b(type, fairness_key, bound)
   ON j.type = b.type AND j.fairness_key = b.fairness_key
 WHERE j.state = 'QUEUED'
 GROUP BY j.type, j.fairness_key)sql"};
@@ -212,19 +228,19 @@ constexpr Statement kClaim{"claim", "WITH " DISPATCHD_PG_FENCE(4) R"sql(, req AS
   SELECT * FROM unnest($1::text[], $2::int4[], $3::text[]) AS r(id, attempt, worker_id)
 ), c AS (
   SELECT j.id, req.worker_id
-  FROM jobs j JOIN req ON j.id = req.id AND j.attempt = req.attempt
+  FROM jobs_active j JOIN req ON j.id = req.id AND j.attempt = req.attempt
   WHERE j.state = 'QUEUED' AND EXISTS (SELECT 1 FROM fence)
   FOR UPDATE OF j SKIP LOCKED
 )
-UPDATE jobs SET state = 'DISPATCHED', worker_id = c.worker_id, dispatched_at = now(),
+UPDATE jobs_active SET state = 'DISPATCHED', worker_id = c.worker_id, dispatched_at = now(),
                 updated_at = now()
-FROM c WHERE jobs.id = c.id
-RETURNING jobs.id, jobs.payload)sql"};
+FROM c WHERE jobs_active.id = c.id
+RETURNING jobs_active.id, jobs_active.payload)sql"};
 
 // $1 id, $2 attempt, $3 worker id. DISPATCHED at attempt-1 (accept) or RUNNING at attempt
 // (re-attach); started_at is set on accept only. $4 epoch.
 constexpr Statement kMarkRunning{"mark_running", "WITH " DISPATCHD_PG_FENCE(4) R"sql(
-UPDATE jobs SET state = 'RUNNING', attempt = $2::int4, worker_id = $3,
+UPDATE jobs_active SET state = 'RUNNING', attempt = $2::int4, worker_id = $3,
                 started_at = CASE WHEN state = 'DISPATCHED' THEN now() ELSE started_at END,
                 updated_at = now()
 WHERE id = $1 AND ((state = 'DISPATCHED' AND attempt = $2::int4 - 1) OR
@@ -237,38 +253,52 @@ constexpr Statement kMarkRunningMany{"mark_running_many",
                                      "WITH " DISPATCHD_PG_FENCE(4) R"sql(, req AS (
   SELECT * FROM unnest($1::text[], $2::int4[], $3::text[]) AS r(id, attempt, worker_id)
 )
-UPDATE jobs SET state = 'RUNNING', attempt = req.attempt, worker_id = req.worker_id,
-                started_at = CASE WHEN jobs.state = 'DISPATCHED' THEN now() ELSE jobs.started_at END,
+UPDATE jobs_active SET state = 'RUNNING', attempt = req.attempt, worker_id = req.worker_id,
+                started_at = CASE WHEN jobs_active.state = 'DISPATCHED' THEN now() ELSE jobs_active.started_at END,
                 updated_at = now()
 FROM req
-WHERE jobs.id = req.id AND ((jobs.state = 'DISPATCHED' AND jobs.attempt = req.attempt - 1) OR
-                            (jobs.state = 'RUNNING' AND jobs.attempt = req.attempt))
+WHERE jobs_active.id = req.id AND ((jobs_active.state = 'DISPATCHED' AND jobs_active.attempt = req.attempt - 1) OR
+                            (jobs_active.state = 'RUNNING' AND jobs_active.attempt = req.attempt))
   AND EXISTS (SELECT 1 FROM fence)
-RETURNING jobs.id)sql"};
+RETURNING jobs_active.id)sql"};
 
 // $1 id, $2 attempt, $3 epoch.
 constexpr Statement kReturnToQueue{"return_to_queue", "WITH " DISPATCHD_PG_FENCE(3) R"sql(
-UPDATE jobs SET state = 'QUEUED', worker_id = '', updated_at = now()
+UPDATE jobs_active SET state = 'QUEUED', worker_id = '', updated_at = now()
 WHERE id = $1 AND state = 'DISPATCHED' AND attempt = $2::int4
   AND EXISTS (SELECT 1 FROM fence))sql"};
 
 // $1 id, $2 attempt, $3 not_before in us (NULL: at once), $4 error, $5 epoch. Like kFinish, a
 // failure that overtook its accept (the row still DISPATCHED at the attempt before) counts.
 constexpr Statement kRetry{"retry", "WITH " DISPATCHD_PG_FENCE(5) R"sql(
-UPDATE jobs SET state = 'QUEUED', attempt = $2::int4, worker_id = '',
+UPDATE jobs_active SET state = 'QUEUED', attempt = $2::int4, worker_id = '',
                 not_before = timestamptz 'epoch' + $3::int8 * interval '1 microsecond',
                 error = $4, updated_at = now()
 WHERE id = $1 AND ((state = 'RUNNING' AND attempt = $2::int4) OR
                    (state = 'DISPATCHED' AND attempt = $2::int4 - 1))
   AND EXISTS (SELECT 1 FROM fence))sql"};
 
+// Terminal transitions move the row from jobs_active to jobs_done (migration 5) in one
+// statement: `moved` is the DELETE's RETURNING, and DISPATCHD_PG_INSERT_DONE(state, attempt,
+// result, error) writes it to jobs_done with those four values, finished and updated now.
+#define DISPATCHD_PG_INSERT_DONE(state, attempt, result, error)                               \
+  "INSERT INTO jobs_done (seq, id, type, payload, resource_id, fairness_key, idempotency_key, " \
+  "labels, state, attempt, max_attempts, timeout_ms, dispatch_deadline_at, not_before, "       \
+  "worker_id, result, error, created_at, dispatched_at, started_at, finished_at, updated_at) " \
+  "SELECT m.seq, m.id, m.type, m.payload, m.resource_id, m.fairness_key, m.idempotency_key, "  \
+  "m.labels, " state ", " attempt ", m.max_attempts, m.timeout_ms, m.dispatch_deadline_at, "   \
+  "m.not_before, m.worker_id, " result ", " error ", m.created_at, m.dispatched_at, "          \
+  "m.started_at, now(), now() FROM moved m"
+
 // $1 id, $2 attempt, $3 terminal state, $4 result (binary), $5 error, $6 epoch.
-constexpr Statement kFinish{"finish", "WITH " DISPATCHD_PG_FENCE(6) R"sql(
-UPDATE jobs SET state = $3, attempt = $2::int4, result = $4, error = $5, finished_at = now(),
-                updated_at = now()
-WHERE id = $1 AND ((state = 'RUNNING' AND attempt = $2::int4) OR
-                   (state = 'DISPATCHED' AND attempt = $2::int4 - 1))
-  AND EXISTS (SELECT 1 FROM fence))sql"};
+constexpr Statement kFinish{"finish", "WITH " DISPATCHD_PG_FENCE(6) R"sql(, moved AS (
+  DELETE FROM jobs_active
+  WHERE id = $1 AND ((state = 'RUNNING' AND attempt = $2::int4) OR
+                     (state = 'DISPATCHED' AND attempt = $2::int4 - 1))
+    AND EXISTS (SELECT 1 FROM fence)
+  RETURNING *
+)
+)sql" DISPATCHD_PG_INSERT_DONE("$3", "$2::int4", "$4::bytea", "$5")};
 
 // Many kFinish in one statement: $1 ids, $2 attempts, $3 terminal states, $4 results (hex, so
 // that a text array carries any bytes), $5 errors (parallel arrays), $6 epoch. Returns the ids
@@ -276,89 +306,80 @@ WHERE id = $1 AND ((state = 'RUNNING' AND attempt = $2::int4) OR
 constexpr Statement kFinishMany{"finish_many", "WITH " DISPATCHD_PG_FENCE(6) R"sql(, req AS (
   SELECT * FROM unnest($1::text[], $2::int4[], $3::text[], $4::text[], $5::text[])
     AS r(id, attempt, state, result_hex, error)
+), moved AS (
+  DELETE FROM jobs_active j USING req
+  WHERE j.id = req.id AND ((j.state = 'RUNNING' AND j.attempt = req.attempt) OR
+                           (j.state = 'DISPATCHED' AND j.attempt = req.attempt - 1))
+    AND EXISTS (SELECT 1 FROM fence)
+  RETURNING j.*, req.state AS new_state, req.attempt AS new_attempt, req.result_hex,
+            req.error AS new_error
 )
-UPDATE jobs SET state = req.state, attempt = req.attempt, result = decode(req.result_hex, 'hex'),
-                error = req.error, finished_at = now(), updated_at = now()
-FROM req
-WHERE jobs.id = req.id AND ((jobs.state = 'RUNNING' AND jobs.attempt = req.attempt) OR
-                            (jobs.state = 'DISPATCHED' AND jobs.attempt = req.attempt - 1))
-  AND EXISTS (SELECT 1 FROM fence)
-RETURNING jobs.id)sql"};
+)sql" DISPATCHD_PG_INSERT_DONE("m.new_state", "m.new_attempt", "decode(m.result_hex, 'hex')",
+                               "m.new_error") " RETURNING id"};
 
-// $1 id. Run in the transaction that then cancels, so the state read is the state replaced.
-constexpr Statement kLockState{"lock_state", "SELECT state FROM jobs WHERE id = $1 FOR UPDATE"};
+// $1 id, $2 reason. The job as cancelled, and the state it was cancelled from (kColSeq + 1).
+constexpr Statement kCancel{"cancel", R"sql(
+WITH moved AS (DELETE FROM jobs_active WHERE id = $1 RETURNING *), done AS (
+)sql" DISPATCHD_PG_INSERT_DONE("'CANCELLED'", "m.attempt", "m.result", "$2") R"sql( RETURNING *
+)
+SELECT )sql" DISPATCHD_PG_JOB_COLUMNS R"sql(, (SELECT state FROM moved) FROM done)sql"};
 
-// $1 id, $2 reason.
-constexpr Statement kCancel{
-    "cancel",
-    "UPDATE jobs SET state = 'CANCELLED', error = $2, finished_at = now(), "
-    "updated_at = now() WHERE id = $1 AND state IN " DISPATCHD_PG_ACTIVE_STATES
-    " RETURNING " DISPATCHD_PG_JOB_COLUMNS};
+// $1 id: the state of an ended job (to tell "already ended" from "not found").
+constexpr Statement kDoneState{"done_state", "SELECT state FROM jobs_done WHERE id = $1"};
 
 // $1 now in us, $2 error, $3 epoch. Rows locked by a concurrent claim are left for the next sweep.
 constexpr Statement kExpireOverdue{"expire_overdue", "WITH " DISPATCHD_PG_FENCE(3) R"sql(, c AS (
-  SELECT id FROM jobs
+  SELECT id FROM jobs_active
   WHERE state = 'QUEUED' AND EXISTS (SELECT 1 FROM fence)
     AND dispatch_deadline_at < timestamptz 'epoch' + $1::int8 * interval '1 microsecond'
   FOR UPDATE SKIP LOCKED
+), moved AS (
+  DELETE FROM jobs_active j USING c WHERE j.id = c.id RETURNING j.*
 )
-UPDATE jobs SET state = 'EXPIRED', error = $2, finished_at = now(), updated_at = now()
-FROM c WHERE jobs.id = c.id
-RETURNING jobs.id)sql"};
-
-// $1 cutoff in us, $2 batch limit, $3 epoch. Moves the key out of the unique index (migrations.cc,
-// version 2). Terminal rows only (finished_at is set by terminal transitions alone); updated_at
-// is left alone: the job itself did not change.
-constexpr Statement kReleaseIdempotencyKeys{"release_idempotency_keys",
-                                            "WITH " DISPATCHD_PG_FENCE(3) R"sql(, c AS (
-  SELECT id FROM jobs
-  WHERE idempotency_key <> '' AND finished_at IS NOT NULL AND EXISTS (SELECT 1 FROM fence)
-    AND finished_at < timestamptz 'epoch' + $1::int8 * interval '1 microsecond'
-    AND state NOT IN ('QUEUED', 'DISPATCHED', 'RUNNING')
-  ORDER BY finished_at
-  LIMIT $2::int8
-  FOR UPDATE SKIP LOCKED
-)
-UPDATE jobs SET released_idempotency_key = jobs.idempotency_key, idempotency_key = ''
-FROM c WHERE jobs.id = c.id)sql"};
+)sql" DISPATCHD_PG_INSERT_DONE("'EXPIRED'", "m.attempt", "m.result", "$2") " RETURNING id"};
 
 constexpr Statement kCountByTypeAndState{
     "count_by_type_and_state",
-    "SELECT type, state, count(*) FROM jobs GROUP BY type, state ORDER BY type, state"};
+    "SELECT type, state, sum(n)::int8 FROM (SELECT type, state, count(*) AS n FROM jobs_active "
+    "GROUP BY type, state UNION ALL SELECT type, state, count(*) FROM jobs_done GROUP BY type, "
+    "state) c GROUP BY type, state ORDER BY type, state"};
 
 constexpr Statement kCountActive{
-    "count_active", "SELECT count(*) FROM jobs WHERE state IN " DISPATCHD_PG_ACTIVE_STATES};
+    "count_active", "SELECT count(*) FROM jobs_active WHERE state IN " DISPATCHD_PG_ACTIVE_STATES};
 
 constexpr Statement kCountActiveByTypeAndState{
     "count_active_by_type_and_state",
-    "SELECT type, state, count(*) FROM jobs WHERE state IN " DISPATCHD_PG_ACTIVE_STATES
+    "SELECT type, state, count(*) FROM jobs_active WHERE state IN " DISPATCHD_PG_ACTIVE_STATES
     " GROUP BY type, state ORDER BY type, state"};
 
 // $1 ids.
 constexpr Statement kGetRefs{
     "get_refs",
     "SELECT id, state, attempt, worker_id, (extract(epoch FROM updated_at) * 1000000)::int8 "
-    "FROM jobs WHERE id = ANY($1::text[])"};
+    "FROM jobs_active WHERE id = ANY($1::text[]) UNION ALL "
+    "SELECT id, state, attempt, worker_id, (extract(epoch FROM updated_at) * 1000000)::int8 "
+    "FROM jobs_done WHERE id = ANY($1::text[])"};
 
 constexpr Statement kLoadPlacedRefs{
     "load_placed_refs",
     "SELECT id, state, attempt, worker_id, (extract(epoch FROM updated_at) * 1000000)::int8 "
-    "FROM jobs WHERE state IN ('DISPATCHED', 'RUNNING')"};
+    "FROM jobs_active WHERE state IN ('DISPATCHED', 'RUNNING')"};
 
 // $1 job id: tells the leader (LISTEN dispatchd_jobs, pg_leader_lease.h) to look at the row.
 constexpr Statement kNotifyChanged{"notify_changed", "SELECT pg_notify('dispatchd_jobs', $1)"};
 
 constexpr Statement kLeaderEpoch{"leader_epoch", "SELECT epoch FROM dispatchd_leader WHERE id = 1"};
 
+#undef DISPATCHD_PG_INSERT_DONE
 #undef DISPATCHD_PG_JOB_COLUMNS
 #undef DISPATCHD_PG_ACTIVE_STATES
 #undef DISPATCHD_PG_FENCE
 
 constexpr Statement kAllStatements[] = {
-    kInsertJob,
     kInsertJobs,
-    kSelectByIdempotencyKey,
-    kSelectByIdempotencyKeys,
+    kSelectHolders,
+    kSelectDoneHolders,
+    kUndoInserts,
     kGetJob,
     kGetJobs,
     kLoadActive,
@@ -374,10 +395,9 @@ constexpr Statement kAllStatements[] = {
     kRetry,
     kFinish,
     kFinishMany,
-    kLockState,
     kCancel,
+    kDoneState,
     kExpireOverdue,
-    kReleaseIdempotencyKeys,
     kCountByTypeAndState,
     kCountActive,
     kCountActiveByTypeAndState,
@@ -731,7 +751,10 @@ auto WithConnection(ConnectionPool& pool, absl::string_view what, Body&& body)
 // ---------------------------------------------------------------------------------------------
 // PgJobStore.
 
-PgJobStore::PgJobStore(std::unique_ptr<ConnectionPool> pool) : pool_(std::move(pool)) {}
+PgJobStore::PgJobStore(std::unique_ptr<ConnectionPool> pool, const PgStoreOptions& options)
+    : pool_(std::move(pool)),
+      idempotency_window_(options.idempotency_window),
+      retention_(options.retention) {}
 
 PgJobStore::~PgJobStore() = default;
 
@@ -743,6 +766,16 @@ absl::StatusOr<std::unique_ptr<PgJobStore>> PgJobStore::Connect(const PgStoreOpt
   if (options.connect_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(absl::StrCat("connect_timeout: must be > 0, got ",
                                                    absl::FormatDuration(options.connect_timeout)));
+  }
+  if (options.retention < absl::Seconds(1) || options.retention == absl::InfiniteDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("retention: must be at least 1s and finite, got ",
+                                                   absl::FormatDuration(options.retention)));
+  }
+  if (options.idempotency_window < absl::ZeroDuration() ||
+      options.idempotency_window == absl::InfiniteDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("idempotency_window: must be finite and >= 0, got ",
+                     absl::FormatDuration(options.idempotency_window)));
   }
   DISPATCHD_ASSIGN_OR_RETURN(
       Target target, ParseTarget(options.url, options.connect_timeout, options.application_name));
@@ -760,51 +793,140 @@ absl::StatusOr<std::unique_ptr<PgJobStore>> PgJobStore::Connect(const PgStoreOpt
     conns.push_back(std::move(conn));
   }
   const int size = options.pool_size;
-  return std::unique_ptr<PgJobStore>(
-      new PgJobStore(std::make_unique<ConnectionPool>(std::move(target), size, std::move(conns))));
+  std::unique_ptr<PgJobStore> store(new PgJobStore(
+      std::make_unique<ConnectionPool>(std::move(target), size, std::move(conns)), options));
+  // Ended jobs need a partition to land in before the store takes any write.
+  DISPATCHD_RETURN_IF_ERROR(store->AddDonePartitions(store->DonePartitionsAhead()).status());
+  return store;
+}
+
+absl::Duration PgJobStore::DonePartitionSpan(absl::Duration retention) {
+  for (absl::Duration span : {absl::Hours(24), absl::Hours(1), absl::Minutes(1)}) {
+    if (span <= retention / 4) return span;
+  }
+  return absl::Seconds(1);
+}
+
+namespace {
+
+// Partitions of jobs_done are named jobs_done_<from>_<to>, in seconds since the epoch, so that
+// their ranges read back from the catalog by name alone.
+struct DonePartition {
+  std::string name;
+  int64_t from = 0, to = 0;
+  bool attached = false;
+  bool detach_pending = false;  // a DETACH ... CONCURRENTLY that did not finish
+};
+
+constexpr char kListDonePartitions[] = R"sql(
+SELECT c.relname, i.inhrelid IS NOT NULL, coalesce(i.inhdetachpending, false)
+FROM pg_class c
+LEFT JOIN pg_inherits i ON i.inhrelid = c.oid AND i.inhparent = 'jobs_done'::regclass
+WHERE c.relkind = 'r' AND c.relname ~ '^jobs_done_[0-9]+_[0-9]+$'
+  AND c.relnamespace = (SELECT relnamespace FROM pg_class WHERE oid = 'jobs_done'::regclass))sql";
+
+std::vector<DonePartition> ListDonePartitions(pqxx::transaction_base& txn) {
+  std::vector<DonePartition> out;
+  for (const pqxx::row& row : txn.exec(kListDonePartitions)) {
+    DonePartition p{.name = TextFromField(row[0]),
+                    .attached = row[1].as<bool>(),
+                    .detach_pending = row[2].as<bool>()};
+    std::vector<absl::string_view> parts = absl::StrSplit(p.name, '_');
+    if (parts.size() != 4 || !absl::SimpleAtoi(parts[2], &p.from) ||
+        !absl::SimpleAtoi(parts[3], &p.to)) {
+      continue;
+    }
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+int64_t DatabaseNowSeconds(pqxx::transaction_base& txn) {
+  return txn.exec("SELECT floor(extract(epoch FROM now()))::int8")[0][0].as<int64_t>();
+}
+
+std::string TimestampLiteral(int64_t unix_seconds) {
+  return absl::StrCat("'", absl::FormatTime("%Y-%m-%d %H:%M:%S+00", absl::FromUnixSeconds(unix_seconds), absl::UTCTimeZone()), "'");
+}
+
+// Session-level advisory lock key of partition upkeep (see migrations.h for the others).
+constexpr int64_t kDonePartitionsLockKey = 0x64697370'61727431;  // "disppart"
+
+}  // namespace
+
+absl::StatusOr<int> PgJobStore::AddDonePartitions(absl::Duration ahead) {
+  const int64_t span = absl::ToInt64Seconds(DonePartitionSpan(retention_));
+  return WithConnection(*pool_, "add partitions for ended jobs",
+                        [&](pqxx::connection& conn) -> absl::StatusOr<int> {
+    pqxx::work txn(conn);
+    // One daemon at a time; another that holds the lock is doing the same work.
+    if (!txn.exec_params("SELECT pg_try_advisory_xact_lock($1)", kDonePartitionsLockKey)[0][0]
+             .as<bool>()) {
+      return 0;
+    }
+    // ATTACH takes a lock that lets finishes go on; do not queue behind a long reader for it.
+    txn.exec("SET LOCAL lock_timeout = '5s'");
+    const int64_t now = DatabaseNowSeconds(txn);
+    int64_t from = now / span * span;
+    for (const DonePartition& p : ListDonePartitions(txn)) {
+      if (p.attached && !p.detach_pending) from = std::max(from, p.to);
+    }
+    const int64_t through = now + absl::ToInt64Seconds(ahead);
+    int added = 0;
+    for (; from <= through; from += span) {
+      const std::string name = absl::StrCat("jobs_done_", from, "_", from + span);
+      txn.exec(absl::StrCat("CREATE TABLE ", name,
+                            " (LIKE jobs_done INCLUDING DEFAULTS INCLUDING CONSTRAINTS)"));
+      txn.exec(absl::StrCat("ALTER TABLE jobs_done ATTACH PARTITION ", name, " FOR VALUES FROM (",
+                            TimestampLiteral(from), ") TO (", TimestampLiteral(from + span), ")"));
+      ++added;
+    }
+    txn.commit();
+    return added;
+  });
+}
+
+absl::StatusOr<int> PgJobStore::DropDonePartitions() {
+  const int64_t keep = absl::ToInt64Seconds(retention_);
+  return WithConnection(*pool_, "drop partitions of ended jobs past retention",
+                        [&](pqxx::connection& conn) -> absl::StatusOr<int> {
+    // DETACH ... CONCURRENTLY runs outside a transaction: each statement commits on its own.
+    pqxx::nontransaction txn(conn);
+    if (!txn.exec_params("SELECT pg_try_advisory_lock($1)", kDonePartitionsLockKey)[0][0]
+             .as<bool>()) {
+      return 0;
+    }
+    int dropped = 0;
+    absl::Status status;
+    try {
+      const int64_t cutoff = DatabaseNowSeconds(txn) - keep;
+      for (const DonePartition& p : ListDonePartitions(txn)) {
+        if (p.to > cutoff) continue;
+        if (p.attached) {
+          txn.exec(absl::StrCat("ALTER TABLE jobs_done DETACH PARTITION ", p.name,
+                                p.detach_pending ? " FINALIZE" : " CONCURRENTLY"));
+        }
+        txn.exec(absl::StrCat("DROP TABLE IF EXISTS ", p.name));
+        ++dropped;
+      }
+    } catch (...) {
+      txn.exec_params("SELECT pg_advisory_unlock($1)", kDonePartitionsLockKey);
+      throw;
+    }
+    txn.exec_params("SELECT pg_advisory_unlock($1)", kDonePartitionsLockKey);
+    return dropped;
+  });
 }
 
 absl::StatusOr<InsertOutcome> PgJobStore::Insert(const job::Job& job) {
-  DISPATCHD_RETURN_IF_ERROR(ValidateForInsert(job));
-  std::vector<std::string> label_keys, label_values;
-  for (const auto& [key, value] : job.spec.labels) {
-    label_keys.push_back(key);
-    label_values.push_back(value);
+  absl::StatusOr<std::vector<InsertOutcome>> outcomes = InsertMany({job}, false);
+  if (!outcomes.ok()) {
+    // A lone job's field is named without the batch's "jobs[0].".
+    absl::string_view message = outcomes.status().message();
+    absl::ConsumePrefix(&message, "jobs[0].");
+    return absl::Status(outcomes.status().code(), message);
   }
-  std::optional<int64_t> deadline_us;
-  if (job.spec.dispatch_deadline != absl::InfiniteDuration()) {
-    deadline_us = absl::ToInt64Microseconds(job.spec.dispatch_deadline);
-  }
-  const int64_t timeout_ms = absl::ToInt64Milliseconds(job.spec.timeout);
-  return WithConnection(
-      *pool_, absl::StrCat("insert job ", job.id),
-      [&](pqxx::connection& conn) -> absl::StatusOr<InsertOutcome> {
-        // Autocommit: each statement is its own transaction, durable when it returns. A
-        // concurrent insert (or release) of the same key makes ON CONFLICT wait for it; the
-        // SELECT after it takes a new snapshot and sees the row holding the key. If that row let
-        // go of the key in between (released, or pruned), the insert is tried again: it then
-        // finds the key free, or held by yet another new row.
-        pqxx::nontransaction txn(conn);
-        constexpr int kTries = 5;
-        for (int i = 0; i < kTries; ++i) {
-          pqxx::result inserted = txn.exec_prepared(
-              kInsertJob.name, job.id, job.spec.type, pqxx::binarystring(job.spec.payload),
-              job.spec.resource_id, job.spec.fairness_key, job.spec.idempotency_key,
-              TextArrayLiteral(label_keys), TextArrayLiteral(label_values),
-              job.spec.max_attempts, timeout_ms, deadline_us, OptionalMicros(job.spec.not_before));
-          if (!inserted.empty()) {
-            return InsertOutcome{
-                .job_id = job.id, .deduplicated = false, .seq = inserted[0][1].as<int64_t>()};
-          }
-          pqxx::result existing = txn.exec_prepared(
-              kSelectByIdempotencyKey.name, job.spec.fairness_key, job.spec.idempotency_key);
-          if (!existing.empty()) {
-            return InsertOutcome{.job_id = TextFromField(existing[0][0]), .deduplicated = true};
-          }
-        }
-        return absl::AbortedError(
-            absl::StrCat("insert job ", job.id, ": idempotency key conflict vanished; retry"));
-      });
+  return std::move((*outcomes)[0]);
 }
 
 namespace {
@@ -891,40 +1013,75 @@ absl::StatusOr<std::vector<InsertOutcome>> PgJobStore::InsertMany(
           }
           return outcomes;
         }
-        // With keys, the rows left out are looked up: their key's holder is the job returned.
-        // As in Insert, a holder may let go of its key between the two statements; those rows
-        // are tried again. One transaction, so the call stays all or nothing.
+        // With keys, in one transaction (so the call stays all or nothing): a new row whose key
+        // a job that ended within the window still holds is taken back, and the rows left out
+        // (their key held by an active job) get the holder. A holder can end or let go of its
+        // key between two statements; those rows are tried again.
+        //
+        // Why no repeat slips through: the unique index serializes inserts against the active
+        // holder. An active holder that ends commits its move to jobs_done before a concurrent
+        // insert of its key can pass the index, so the check of jobs_done, a later statement,
+        // sees it there.
         pqxx::work txn(conn);
+        const int64_t window_us = absl::ToInt64Microseconds(idempotency_window_);
         absl::flat_hash_map<const job::Job*, size_t> index;
         for (size_t i = 0; i < jobs.size(); ++i) index[&jobs[i]] = i;
+        using Key = std::pair<std::string, std::string>;
+        // The holders of the keys of `of`, by key (`statement`: kSelectHolders or
+        // kSelectDoneHolders).
+        auto holders_of = [&](const std::vector<const job::Job*>& of, const Statement& statement) {
+          std::vector<std::string> fairness_keys, idempotency_keys;
+          for (const job::Job* job : of) {
+            fairness_keys.push_back(job->spec.fairness_key);
+            idempotency_keys.push_back(job->spec.idempotency_key);
+          }
+          absl::flat_hash_map<Key, std::string> holders;
+          for (const pqxx::row& row : txn.exec_prepared(statement.name,
+                                                        TextArrayLiteral(fairness_keys),
+                                                        TextArrayLiteral(idempotency_keys),
+                                                        window_us)) {
+            holders[{TextFromField(row[0]), TextFromField(row[1])}] = TextFromField(row[2]);
+          }
+          return holders;
+        };
         constexpr int kTries = 5;
         for (int attempt = 0; attempt < kTries && !pending.empty(); ++attempt) {
           absl::flat_hash_map<std::string, int64_t> inserted =
               ExecInsert(txn, pending, notify_leader);
-          std::vector<const job::Job*> left_out;
+          std::vector<const job::Job*> written, left_out;
           for (const job::Job* job : pending) {
-            if (auto it = inserted.find(job->id); it != inserted.end()) {
-              outcomes[index[job]] =
-                  InsertOutcome{.job_id = job->id, .deduplicated = false, .seq = it->second};
-            } else {
-              left_out.push_back(job);
+            (inserted.contains(job->id) ? written : left_out).push_back(job);
+          }
+          std::vector<const job::Job*> keyed;
+          for (const job::Job* job : written) {
+            if (!job->spec.idempotency_key.empty()) keyed.push_back(job);
+          }
+          if (!keyed.empty()) {
+            absl::flat_hash_map<Key, std::string> ended = holders_of(keyed, kSelectDoneHolders);
+            std::vector<std::string> undo;
+            for (const job::Job* job : keyed) {
+              auto it = ended.find(Key(job->spec.fairness_key, job->spec.idempotency_key));
+              if (it == ended.end()) continue;
+              undo.push_back(job->id);
+              outcomes[index[job]] = InsertOutcome{.job_id = it->second, .deduplicated = true};
+            }
+            if (!undo.empty()) txn.exec_prepared(kUndoInserts.name, TextArrayLiteral(undo));
+            for (const job::Job* job : written) {
+              if (outcomes[index[job]].deduplicated) continue;
+              outcomes[index[job]] = InsertOutcome{
+                  .job_id = job->id, .deduplicated = false, .seq = inserted[job->id]};
+            }
+          } else {
+            for (const job::Job* job : written) {
+              outcomes[index[job]] = InsertOutcome{
+                  .job_id = job->id, .deduplicated = false, .seq = inserted[job->id]};
             }
           }
           pending.clear();
           if (left_out.empty()) break;
-          std::vector<std::string> fairness_keys, idempotency_keys;
+          absl::flat_hash_map<Key, std::string> holders = holders_of(left_out, kSelectHolders);
           for (const job::Job* job : left_out) {
-            fairness_keys.push_back(job->spec.fairness_key);
-            idempotency_keys.push_back(job->spec.idempotency_key);
-          }
-          absl::flat_hash_map<std::pair<std::string, std::string>, std::string> holders;
-          for (const pqxx::row& row :
-               txn.exec_prepared(kSelectByIdempotencyKeys.name, TextArrayLiteral(fairness_keys),
-                                 TextArrayLiteral(idempotency_keys))) {
-            holders[{TextFromField(row[0]), TextFromField(row[1])}] = TextFromField(row[2]);
-          }
-          for (const job::Job* job : left_out) {
-            auto it = holders.find({job->spec.fairness_key, job->spec.idempotency_key});
+            auto it = holders.find(Key(job->spec.fairness_key, job->spec.idempotency_key));
             if (it == holders.end()) {
               pending.push_back(job);
             } else {
@@ -1260,24 +1417,20 @@ absl::StatusOr<CancelOutcome> PgJobStore::Cancel(const std::string& job_id,
   return WithConnection(
       *pool_, absl::StrCat("cancel job ", job_id),
       [&](pqxx::connection& conn) -> absl::StatusOr<CancelOutcome> {
-        pqxx::work txn(conn);
-        pqxx::result locked = txn.exec_prepared(kLockState.name, job_id);
-        if (locked.empty()) return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
-        const std::string state = TextFromField(locked[0][0]);
+        pqxx::nontransaction txn(conn);
+        pqxx::result rows = txn.exec_prepared(kCancel.name, job_id, reason);
+        if (rows.empty()) {
+          pqxx::result done = txn.exec_prepared(kDoneState.name, job_id);
+          if (done.empty()) return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
+          return absl::FailedPreconditionError(
+              absl::StrCat("job ", job_id, " already ", TextFromField(done[0][0])));
+        }
+        DISPATCHD_ASSIGN_OR_RETURN(job::Job job, RowToJob(rows[0]));
+        const std::string state = TextFromField(rows[0][kColSeq + 1]);
         std::optional<job::JobState> previous = job::ParseJobState(state);
         if (!previous.has_value()) {
           return absl::InternalError(absl::StrCat("job ", job_id, ": unknown state ", state));
         }
-        if (job::IsTerminal(*previous)) {
-          return absl::FailedPreconditionError(
-              absl::StrCat("job ", job_id, " already ", job::ToString(*previous)));
-        }
-        pqxx::result rows = txn.exec_prepared(kCancel.name, job_id, reason);
-        if (rows.empty()) {
-          return absl::InternalError(absl::StrCat("job ", job_id, ": locked row not cancelled"));
-        }
-        DISPATCHD_ASSIGN_OR_RETURN(job::Job job, RowToJob(rows[0]));
-        txn.commit();
         return CancelOutcome{.job = std::move(job), .previous = *previous};
       });
 }
@@ -1294,22 +1447,6 @@ absl::StatusOr<std::vector<std::string>> PgJobStore::ExpireOverdue(absl::Time no
                           return Ids(txn.exec_prepared(kExpireOverdue.name, absl::ToUnixMicros(now),
                                                        error, fence_.load()));
                         });
-}
-
-absl::StatusOr<int64_t> PgJobStore::ReleaseIdempotencyKeys(absl::Time finished_before) {
-  constexpr int64_t kBatch = 10000;
-  if (finished_before == absl::InfinitePast()) return 0;
-  if (finished_before == absl::InfiniteFuture()) {
-    return absl::InvalidArgumentError("finished_before: must not be infinite-future");
-  }
-  return WithConnection(
-      *pool_, "release idempotency keys", [&](pqxx::connection& conn) -> absl::StatusOr<int64_t> {
-        pqxx::nontransaction txn(conn);
-        return static_cast<int64_t>(txn.exec_prepared(kReleaseIdempotencyKeys.name,
-                                                      absl::ToUnixMicros(finished_before), kBatch,
-                                                      fence_.load())
-                                        .affected_rows());
-      });
 }
 
 absl::StatusOr<std::vector<TypeStateCount>> PgJobStore::CountByTypeAndState() {

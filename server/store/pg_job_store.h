@@ -26,6 +26,12 @@ struct PgStoreOptions {
   // sharing a database name theirs after their daemon id, so that a new leader can end every
   // session of a frozen one. Empty: "dispatchd".
   std::string application_name;
+  // How long an ended job still holds its idempotency key (the config's idempotency_window).
+  absl::Duration idempotency_window = absl::Hours(24);
+  // How long ended jobs are kept (the config's retention): jobs_done is partitioned by finish
+  // time in spans of DonePartitionSpan(retention), and a partition is dropped once all of it
+  // is older than this.
+  absl::Duration retention = absl::Hours(24 * 7);
 };
 
 class ConnectionPool;
@@ -44,6 +50,24 @@ class PgJobStore final : public JobStore {
   // prepares the statements on each connection. Unavailable if the server cannot be reached (the
   // message names host, port and database, never a password); InvalidArgument for bad options.
   static absl::StatusOr<std::unique_ptr<PgJobStore>> Connect(const PgStoreOptions& options);
+
+  // Retention of ended jobs. They live in jobs_done, partitioned by finish time (migrations.cc,
+  // version 5), so that the hot table holds active jobs only and old jobs go with a DROP of
+  // their partition instead of row by row. Every call is safe from several daemons at once.
+  //
+  // The span of one partition for `retention`: the largest of 1 s, 1 min, 1 h and 1 day that is
+  // at most a quarter of it (at least 1 s). An ended job is kept between `retention` and
+  // `retention` plus one span.
+  static absl::Duration DonePartitionSpan(absl::Duration retention);
+  // Adds partitions so that every finish time up to `ahead` past the database's clock has one
+  // (Connect does this once; call it again well within `ahead`). Returns how many it added.
+  absl::StatusOr<int> AddDonePartitions(absl::Duration ahead);
+  // Drops the partitions whose every job ended more than `retention` ago by the database's
+  // clock (detached concurrently first, so that finishes never wait); how many.
+  absl::StatusOr<int> DropDonePartitions();
+  absl::Duration retention() const { return retention_; }
+  // How far ahead of the clock partitions are kept: four spans.
+  absl::Duration DonePartitionsAhead() const { return 4 * DonePartitionSpan(retention_); }
 
   ~PgJobStore() override;
   PgJobStore(const PgJobStore&) = delete;
@@ -89,7 +113,6 @@ class PgJobStore final : public JobStore {
   absl::StatusOr<std::vector<std::string>> ExpireOverdue(absl::Time now,
                                                          const std::string& error) override;
   // Besides the JobStore contract: at most 10000 keys per call.
-  absl::StatusOr<int64_t> ReleaseIdempotencyKeys(absl::Time finished_before) override;
   absl::StatusOr<std::vector<TypeStateCount>> CountByTypeAndState() override;
   absl::StatusOr<int64_t> CountActive() override;
   absl::StatusOr<std::vector<TypeStateCount>> CountActiveByTypeAndState() override;
@@ -99,9 +122,11 @@ class PgJobStore final : public JobStore {
   void SetFence(int64_t epoch) override { fence_.store(epoch); }
 
  private:
-  explicit PgJobStore(std::unique_ptr<ConnectionPool> pool);
+  PgJobStore(std::unique_ptr<ConnectionPool> pool, const PgStoreOptions& options);
 
   std::unique_ptr<ConnectionPool> pool_;
+  const absl::Duration idempotency_window_;
+  const absl::Duration retention_;
   std::atomic<int64_t> fence_{0};
 };
 

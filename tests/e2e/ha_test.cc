@@ -207,7 +207,7 @@ TEST_F(HaTest, LeaderLoadingABacklogLongerThanItsLeaseKeepsTheLease) {
     pqxx::connection conn(db_->url());
     pqxx::nontransaction txn(conn);
     txn.exec(
-        "INSERT INTO jobs (id, type, payload, state, max_attempts, timeout_ms, created_at, "
+        "INSERT INTO jobs_active (id, type, payload, state, max_attempts, timeout_ms, created_at, "
         "updated_at) SELECT 'j_backlog_' || i, 'echo', 'x'::bytea, 'QUEUED', 3, 60000, now(), "
         "now() FROM generate_series(1, 300000) AS i");
   }

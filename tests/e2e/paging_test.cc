@@ -166,7 +166,7 @@ TEST_F(PagingTest, RowsWrittenBehindTheDaemonsBackBeyondAWindowAreFoundAndRun) {
     pqxx::nontransaction txn(conn);
     // Old enough to count as drift rather than a race with a Submit in flight.
     txn.exec(
-        "INSERT INTO jobs (id, type, payload, state, max_attempts, timeout_ms, created_at, "
+        "INSERT INTO jobs_active (id, type, payload, state, max_attempts, timeout_ms, created_at, "
         "updated_at) SELECT 'j_hidden_' || i, 'echo', ('hidden ' || i)::bytea, 'QUEUED', 3, "
         "60000, now() - interval '1 minute', now() - interval '1 minute' "
         "FROM generate_series(0, 99) AS i");

@@ -234,7 +234,8 @@ BEGIN
   IF NEW.state = 'RUNNING' THEN RAISE EXCEPTION 'injected fault: no RUNNING marks'; END IF;
   RETURN NEW;
 END $$;
-CREATE TRIGGER refuse_running BEFORE UPDATE ON jobs FOR EACH ROW EXECUTE FUNCTION refuse_running();
+CREATE TRIGGER refuse_running BEFORE UPDATE ON jobs_active FOR EACH ROW
+  EXECUTE FUNCTION refuse_running();
 )sql");
   }
   absl::StatusOr<std::string> id = d->Submit(Spec("echo", "payload"));
@@ -260,7 +261,7 @@ CREATE TRIGGER refuse_running BEFORE UPDATE ON jobs FOR EACH ROW EXECUTE FUNCTIO
       w.Next([](const v1::DaemonMessage& m) { return m.has_result_ack(); }, absl::Seconds(10)));
   {
     pqxx::nontransaction txn(conn);
-    txn.exec("DROP TRIGGER refuse_running ON jobs");
+    txn.exec("DROP TRIGGER refuse_running ON jobs_active");
   }
   // Attempt 1 is spent; the retry runs as attempt 2 once its backoff has passed.
   std::optional<v1::Assignment> a2 = w.NextAssignment(absl::Seconds(30));
@@ -289,7 +290,7 @@ TEST_F(RecoveryTest, QueuedRowTheDaemonNeverHeardOfIsFoundAndRun) {
     pqxx::nontransaction txn(conn);
     // Written behind the daemon's back, and old enough to count as drift rather than a race.
     txn.exec(
-        "INSERT INTO jobs (id, type, payload, state, max_attempts, timeout_ms, created_at, "
+        "INSERT INTO jobs_active (id, type, payload, state, max_attempts, timeout_ms, created_at, "
         "updated_at) VALUES ('j_behind_its_back', 'echo', 'hidden'::bytea, 'QUEUED', 3, 60000, "
         "now() - interval '1 minute', now() - interval '1 minute')");
   }

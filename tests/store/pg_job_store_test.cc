@@ -21,6 +21,7 @@
 #include "pqxx/connection"
 #include "pqxx/nontransaction"
 #include "pqxx/notification"
+#include "pqxx/result"
 #include "pqxx/transaction"
 
 #include "lib/job/job.h"
@@ -72,8 +73,10 @@ class PgJobStoreTest : public ::testing::Test {
     store_ = *std::move(store);
   }
 
-  absl::StatusOr<std::unique_ptr<PgJobStore>> Connect(int pool_size = 4) {
-    return PgJobStore::Connect(PgStoreOptions{.url = db_->url(), .pool_size = pool_size});
+  absl::StatusOr<std::unique_ptr<PgJobStore>> Connect(
+      int pool_size = 4, absl::Duration idempotency_window = absl::Hours(24)) {
+    return PgJobStore::Connect(PgStoreOptions{
+        .url = db_->url(), .pool_size = pool_size, .idempotency_window = idempotency_window});
   }
 
   void Insert(const Job& job) {
@@ -351,63 +354,59 @@ TEST_F(PgJobStoreTest, InsertManyNotifiesTheLeaderOfEachNewRowOnlyWhenAsked) {
   EXPECT_THAT(notes.payloads, UnorderedElementsAre("j_loud_1", "j_loud_2"));
 }
 
-TEST_F(PgJobStoreTest, IdempotencyKeyOfAnActiveJobIsNeverReleased) {
-  Insert(KeyedJob("j_first", "k1"));
-  const absl::Time far = absl::Now() + absl::Hours(24 * 365);
-  EXPECT_THAT(store_->ReleaseIdempotencyKeys(far), IsOkAndHolds(0));
-  absl::StatusOr<InsertOutcome> queued = store_->Insert(KeyedJob("j_again", "k1"));
+TEST_F(PgJobStoreTest, IdempotencyKeyOfAnActiveJobIsHeldWhateverTheWindow) {
+  absl::StatusOr<std::unique_ptr<PgJobStore>> store = Connect(4, absl::ZeroDuration());
+  ASSERT_THAT(store, IsOk());
+  ASSERT_THAT((*store)->Insert(KeyedJob("j_first", "k1")), IsOk());
+  absl::StatusOr<InsertOutcome> queued = (*store)->Insert(KeyedJob("j_again", "k1"));
   ASSERT_THAT(queued, IsOk());
   EXPECT_TRUE(queued->deduplicated);
   EXPECT_EQ(queued->job_id, "j_first");
 
-  ASSERT_THAT(store_->Claim({{.job_id = "j_first", .attempt = 0, .worker_id = "w1"}}),
+  ASSERT_THAT((*store)->Claim({{.job_id = "j_first", .attempt = 0, .worker_id = "w1"}}),
               IsOkAndHolds(ElementsAre("j_first")));
-  ASSERT_THAT(store_->MarkRunning("j_first", 1, "w1"), IsOkAndHolds(true));
-  EXPECT_THAT(store_->ReleaseIdempotencyKeys(far), IsOkAndHolds(0));
-  absl::StatusOr<InsertOutcome> running = store_->Insert(KeyedJob("j_again", "k1"));
+  ASSERT_THAT((*store)->MarkRunning("j_first", 1, "w1"), IsOkAndHolds(true));
+  absl::StatusOr<InsertOutcome> running = (*store)->Insert(KeyedJob("j_again", "k1"));
   ASSERT_THAT(running, IsOk());
   EXPECT_TRUE(running->deduplicated);
   EXPECT_EQ(running->job_id, "j_first");
-  EXPECT_THAT(store_->Get("j_again"), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT((*store)->Get("j_again"), StatusIs(absl::StatusCode::kNotFound));
 }
 
-TEST_F(PgJobStoreTest, IdempotencyKeyOfAnEndedJobIsHeldUntilReleasedThenCreatesANewJob) {
-  Insert(KeyedJob("j_first", "k1"));
-  ASSERT_THAT(store_->Claim({{.job_id = "j_first", .attempt = 0, .worker_id = "w1"}}),
+TEST_F(PgJobStoreTest, IdempotencyKeyOfAnEndedJobIsHeldForTheWindowThenCreatesANewJob) {
+  absl::StatusOr<std::unique_ptr<PgJobStore>> store = Connect(4, absl::Seconds(2));
+  ASSERT_THAT(store, IsOk());
+  ASSERT_THAT((*store)->Insert(KeyedJob("j_first", "k1")), IsOk());
+  ASSERT_THAT((*store)->Claim({{.job_id = "j_first", .attempt = 0, .worker_id = "w1"}}),
               IsOkAndHolds(ElementsAre("j_first")));
-  ASSERT_THAT(store_->MarkRunning("j_first", 1, "w1"), IsOkAndHolds(true));
-  ASSERT_THAT(store_->Finish({.job_id = "j_first", .attempt = 1, .result = "r"}),
+  ASSERT_THAT((*store)->Finish({.job_id = "j_first", .attempt = 1, .result = "r"}),
               IsOkAndHolds(true));
-  const absl::Time finished = Get("j_first").finished_at;
-  ASSERT_NE(finished, absl::InfinitePast());
 
-  // Inside the window (the cutoff is before the job ended): still a repeat.
-  EXPECT_THAT(store_->ReleaseIdempotencyKeys(finished - absl::Seconds(1)), IsOkAndHolds(0));
-  EXPECT_THAT(store_->ReleaseIdempotencyKeys(absl::InfinitePast()), IsOkAndHolds(0));
-  absl::StatusOr<InsertOutcome> held = store_->Insert(KeyedJob("j_held", "k1"));
+  // Inside the window: still a repeat.
+  absl::StatusOr<InsertOutcome> held = (*store)->Insert(KeyedJob("j_held", "k1"));
   ASSERT_THAT(held, IsOk());
   EXPECT_TRUE(held->deduplicated);
   EXPECT_EQ(held->job_id, "j_first");
+  EXPECT_THAT((*store)->Get("j_held"), StatusIs(absl::StatusCode::kNotFound));
 
   // Past the window: the key is free and the same request creates a new job.
-  EXPECT_THAT(store_->ReleaseIdempotencyKeys(finished + absl::Microseconds(1)), IsOkAndHolds(1));
-  EXPECT_THAT(store_->ReleaseIdempotencyKeys(finished + absl::Microseconds(1)), IsOkAndHolds(0));
-  absl::StatusOr<InsertOutcome> fresh = store_->Insert(KeyedJob("j_second", "k1"));
+  absl::SleepFor(absl::Seconds(2.5));
+  absl::StatusOr<InsertOutcome> fresh = (*store)->Insert(KeyedJob("j_second", "k1"));
   ASSERT_THAT(fresh, IsOk());
   EXPECT_FALSE(fresh->deduplicated);
   EXPECT_EQ(fresh->job_id, "j_second");
   // The old job is still there with its key; the new one now holds the key.
-  Job old = Get("j_first");
-  EXPECT_EQ(old.state, JobState::kSucceeded);
-  EXPECT_EQ(old.spec.idempotency_key, "k1");
-  EXPECT_EQ(old.updated_at, old.finished_at);  // releasing a key does not change the job
-  absl::StatusOr<InsertOutcome> third = store_->Insert(KeyedJob("j_third", "k1"));
+  absl::StatusOr<Job> old = (*store)->Get("j_first");
+  ASSERT_THAT(old, IsOk());
+  EXPECT_EQ(old->state, JobState::kSucceeded);
+  EXPECT_EQ(old->spec.idempotency_key, "k1");
+  absl::StatusOr<InsertOutcome> third = (*store)->Insert(KeyedJob("j_third", "k1"));
   ASSERT_THAT(third, IsOk());
   EXPECT_TRUE(third->deduplicated);
   EXPECT_EQ(third->job_id, "j_second");
 }
 
-TEST_F(PgJobStoreTest, ReleaseIdempotencyKeysCoversCancelledAndExpiredJobsOnlyWithKeys) {
+TEST_F(PgJobStoreTest, EveryWayAJobEndsHoldsItsKeyForTheWindow) {
   Insert(KeyedJob("j_cancelled", "k1"));
   ASSERT_THAT(store_->Cancel("j_cancelled", "by test"), IsOk());
   Job expiring = KeyedJob("j_expired", "k2");
@@ -415,34 +414,47 @@ TEST_F(PgJobStoreTest, ReleaseIdempotencyKeysCoversCancelledAndExpiredJobsOnlyWi
   Insert(expiring);
   ASSERT_THAT(store_->ExpireOverdue(absl::Now() + absl::Minutes(1), "capacity"),
               IsOkAndHolds(ElementsAre("j_expired")));
-  Insert(MakeJob("j_keyless"));
-  ASSERT_THAT(store_->Cancel("j_keyless", "by test"), IsOk());
-  Insert(KeyedJob("j_other_key", "k1", "bob"));  // queued: holds bob's k1
+  Insert(KeyedJob("j_failed", "k3"));
+  ASSERT_THAT(store_->Claim({{.job_id = "j_failed", .attempt = 0, .worker_id = "w1"}}), IsOk());
+  ASSERT_THAT(store_->Finish({.job_id = "j_failed", .attempt = 1, .state = JobState::kFailed,
+                              .error = "boom"}),
+              IsOkAndHolds(true));
+  Insert(KeyedJob("j_bob", "k1", "bob"));  // queued: holds bob's k1, not alice's
 
-  EXPECT_THAT(store_->ReleaseIdempotencyKeys(absl::Now() + absl::Minutes(1)), IsOkAndHolds(2));
-  for (const char* key : {"k1", "k2"}) {
+  // The default window is a day: every ended job still holds its key.
+  std::map<std::string, std::string> holder = {
+      {"k1", "j_cancelled"}, {"k2", "j_expired"}, {"k3", "j_failed"}};
+  for (const auto& [key, id] : holder) {
+    absl::StatusOr<InsertOutcome> outcome = store_->Insert(KeyedJob("j_repeat_" + key, key));
+    ASSERT_THAT(outcome, IsOk());
+    EXPECT_TRUE(outcome->deduplicated) << key;
+    EXPECT_EQ(outcome->job_id, id);
+  }
+  // With no window, only the active holder counts.
+  absl::StatusOr<std::unique_ptr<PgJobStore>> no_window = Connect(4, absl::ZeroDuration());
+  ASSERT_THAT(no_window, IsOk());
+  for (const char* key : {"k1", "k2", "k3"}) {
     absl::StatusOr<InsertOutcome> outcome =
-        store_->Insert(KeyedJob(absl::StrCat("j_new_", key), key));
+        (*no_window)->Insert(KeyedJob(absl::StrCat("j_new_", key), key));
     ASSERT_THAT(outcome, IsOk());
     EXPECT_FALSE(outcome->deduplicated) << key;
   }
-  absl::StatusOr<InsertOutcome> bob = store_->Insert(KeyedJob("j_bob_again", "k1", "bob"));
+  absl::StatusOr<InsertOutcome> bob = (*no_window)->Insert(KeyedJob("j_bob_again", "k1", "bob"));
   ASSERT_THAT(bob, IsOk());
   EXPECT_TRUE(bob->deduplicated);
-  EXPECT_EQ(bob->job_id, "j_other_key");
-  EXPECT_THAT(store_->ReleaseIdempotencyKeys(absl::InfiniteFuture()),
-              StatusIs(absl::StatusCode::kInvalidArgument, "finished_before"));
+  EXPECT_EQ(bob->job_id, "j_bob");
 }
 
-TEST_F(PgJobStoreTest, ConcurrentInsertsOfAReleasedKeyCreateOneNewJob) {
-  Insert(KeyedJob("j_old", "same"));
-  ASSERT_THAT(store_->Cancel("j_old", "by test"), IsOk());
-  ASSERT_THAT(store_->ReleaseIdempotencyKeys(absl::Now() + absl::Minutes(1)), IsOkAndHolds(1));
+TEST_F(PgJobStoreTest, ConcurrentInsertsOfAKeyWhoseHolderEndedBeforeTheWindowCreateOneNewJob) {
+  absl::StatusOr<std::unique_ptr<PgJobStore>> store = Connect(8, absl::ZeroDuration());
+  ASSERT_THAT(store, IsOk());
+  ASSERT_THAT((*store)->Insert(KeyedJob("j_old", "same")), IsOk());
+  ASSERT_THAT((*store)->Cancel("j_old", "by test"), IsOk());
   constexpr int kThreads = 6;
   std::vector<std::future<absl::StatusOr<InsertOutcome>>> results;
   for (int i = 0; i < kThreads; ++i) {
-    results.push_back(std::async(std::launch::async, [this, i] {
-      return store_->Insert(KeyedJob(absl::StrCat("j_race_", i), "same"));
+    results.push_back(std::async(std::launch::async, [&store, i] {
+      return (*store)->Insert(KeyedJob(absl::StrCat("j_race_", i), "same"));
     }));
   }
   std::set<std::string> ids;
@@ -458,18 +470,18 @@ TEST_F(PgJobStoreTest, ConcurrentInsertsOfAReleasedKeyCreateOneNewJob) {
   EXPECT_NE(*ids.begin(), "j_old");
 }
 
-TEST_F(PgJobStoreTest, ReleaseRacingRepeatsNeverLetsTwoJobsHoldOneKey) {
-  // One thread ends and releases jobs of the key while others keep repeating it: at every
-  // moment at most one job holds the key. An insert may only fail with Aborted (the contract's
-  // "retry"), when the job it collided with let go of the key several times in a row.
+TEST_F(PgJobStoreTest, EndingRacingRepeatsNeverLetsTwoJobsHoldOneKey) {
+  // One thread ends every active job of the key (moving it to jobs_done) while others keep
+  // repeating the key. Within the window an ended job still holds it, so the first job is the
+  // only one ever created, however the ends and the inserts interleave. An insert may only fail
+  // with Aborted (the contract's "retry").
   std::atomic<bool> stop{false};
-  std::thread releaser([&] {
+  std::thread ender([&] {
     while (!stop.load()) {
       absl::StatusOr<std::vector<Job>> active = store_->LoadActive();
       if (active.ok()) {
         for (const Job& j : *active) store_->Cancel(j.id, "by test").IgnoreError();
       }
-      store_->ReleaseIdempotencyKeys(absl::Now() + absl::Minutes(1)).IgnoreError();
     }
   });
   std::vector<std::future<int>> inserters;
@@ -492,10 +504,10 @@ TEST_F(PgJobStoreTest, ReleaseRacingRepeatsNeverLetsTwoJobsHoldOneKey) {
   for (auto& f : inserters) ok += f.get();
   EXPECT_GT(ok, 250);
   stop = true;
-  releaser.join();
+  ender.join();
   pqxx::connection conn(db_->url());
   pqxx::nontransaction txn(conn);
-  EXPECT_LE(txn.exec("SELECT count(*) FROM jobs WHERE idempotency_key = 'hot'")[0][0].as<int>(),
+  EXPECT_EQ(txn.exec("SELECT count(*) FROM jobs WHERE idempotency_key = 'hot'")[0][0].as<int>(),
             1);
 }
 
@@ -530,7 +542,7 @@ TEST_F(PgJobStoreTest, ClaimSkipsRowLockedByAnotherTransactionInsteadOfWaiting) 
   Insert(MakeJob("j_free"));
   pqxx::connection other(db_->url());
   auto locker = std::make_unique<pqxx::work>(other);
-  locker->exec_params("SELECT id FROM jobs WHERE id = $1 FOR UPDATE", "j_locked");
+  locker->exec_params("SELECT id FROM jobs_active WHERE id = $1 FOR UPDATE", "j_locked");
 
   std::future<absl::StatusOr<std::vector<std::string>>> claimed =
       std::async(std::launch::async, [this] {
@@ -1068,7 +1080,7 @@ TEST_F(PgJobStoreTest, ConcurrentConnectsMigrateOnce) {
   }
 }
 
-TEST_F(PgJobStoreTest, UpgradeFromVersionOneKeepsTheKeysOfExistingJobs) {
+TEST_F(PgJobStoreTest, UpgradeFromVersionOneKeepsExistingJobsAndTheirKeys) {
   absl::StatusOr<TestDatabase> old = TestDatabase::Create("store_upgrade");
   ASSERT_THAT(old, IsOk());
   {
@@ -1091,25 +1103,131 @@ TEST_F(PgJobStoreTest, UpgradeFromVersionOneKeepsTheKeysOfExistingJobs) {
   ASSERT_THAT(repeat, IsOk());
   EXPECT_TRUE(repeat->deduplicated);
   EXPECT_EQ(repeat->job_id, "j_v1");
-  EXPECT_THAT((*store)->ReleaseIdempotencyKeys(absl::Now() - absl::Minutes(1)), IsOkAndHolds(1));
-  absl::StatusOr<InsertOutcome> fresh = (*store)->Insert(KeyedJob("j_fresh", "k1"));
-  ASSERT_THAT(fresh, IsOk());
-  EXPECT_FALSE(fresh->deduplicated);
   absl::StatusOr<Job> v1_job = (*store)->Get("j_v1");
   ASSERT_THAT(v1_job, IsOk());
   EXPECT_EQ(v1_job->spec.idempotency_key, "k1");
-
-  // Migrations only add: the version 1 daemon's insert still runs on the new schema, and still
-  // deduplicates against the job holding the key (and not against the released one).
+  EXPECT_EQ(v1_job->state, JobState::kSucceeded);
+  // The ended job moved to jobs_done; the view shows it with the rest.
   pqxx::connection conn(old->url());
   pqxx::nontransaction txn(conn);
-  const std::string v1_insert =
-      "INSERT INTO jobs (id, type, payload, fairness_key, idempotency_key, state, max_attempts, "
-      "timeout_ms) VALUES ($1, 'echo', 'p', 'alice', $2, 'QUEUED', 3, 1000) "
-      "ON CONFLICT (fairness_key, idempotency_key) WHERE idempotency_key <> '' DO NOTHING "
-      "RETURNING id";
-  EXPECT_TRUE(txn.exec_params(v1_insert, "j_v1_repeat", "k1").empty());
-  EXPECT_EQ(txn.exec_params(v1_insert, "j_v1_new", "k2").size(), 1u);
+  EXPECT_EQ(txn.exec("SELECT count(*) FROM jobs_done WHERE id = 'j_v1'")[0][0].as<int>(), 1);
+  EXPECT_EQ(txn.exec("SELECT count(*) FROM jobs_active")[0][0].as<int>(), 0);
+  EXPECT_EQ(txn.exec("SELECT state FROM jobs WHERE id = 'j_v1'")[0][0].as<std::string>(),
+            "SUCCEEDED");
+  // Past an hour's window, its key is free.
+  absl::StatusOr<std::unique_ptr<PgJobStore>> short_window =
+      PgJobStore::Connect({.url = old->url(), .idempotency_window = absl::Minutes(30)});
+  ASSERT_THAT(short_window, IsOk());
+  absl::StatusOr<InsertOutcome> fresh = (*short_window)->Insert(KeyedJob("j_fresh", "k1"));
+  ASSERT_THAT(fresh, IsOk());
+  EXPECT_FALSE(fresh->deduplicated);
+}
+
+TEST_F(PgJobStoreTest, EndedJobsMoveToTheirOwnTableAndReadsSeeBoth) {
+  Insert(MakeJob("j_queued"));
+  Insert(MakeJob("j_done"));
+  Insert(MakeJob("j_cancelled"));
+  ASSERT_THAT(store_->Claim({{.job_id = "j_done", .attempt = 0, .worker_id = "w1"}}), IsOk());
+  ASSERT_THAT(store_->Finish({.job_id = "j_done", .attempt = 1, .result = "r"}),
+              IsOkAndHolds(true));
+  absl::StatusOr<CancelOutcome> cancelled = store_->Cancel("j_cancelled", "by test");
+  ASSERT_THAT(cancelled, IsOk());
+  EXPECT_EQ(cancelled->previous, JobState::kQueued);
+  EXPECT_EQ(cancelled->job.state, JobState::kCancelled);
+  EXPECT_EQ(cancelled->job.error, "by test");
+  EXPECT_EQ(cancelled->job.spec.payload, "payload of j_cancelled");
+
+  pqxx::connection conn(db_->url());
+  pqxx::nontransaction txn(conn);
+  auto ids = [&](const std::string& table) {
+    std::vector<std::string> out;
+    for (const pqxx::row& r : txn.exec("SELECT id FROM " + table + " ORDER BY id")) {
+      out.push_back(r[0].as<std::string>());
+    }
+    return out;
+  };
+  EXPECT_THAT(ids("jobs_active"), ElementsAre("j_queued"));
+  EXPECT_THAT(ids("jobs_done"), ElementsAre("j_cancelled", "j_done"));
+  EXPECT_THAT(ids("jobs"), ElementsAre("j_cancelled", "j_done", "j_queued"));
+
+  Job done = Get("j_done");
+  EXPECT_EQ(done.state, JobState::kSucceeded);
+  EXPECT_EQ(done.result, "r");
+  EXPECT_EQ(done.spec.payload, "payload of j_done");
+  EXPECT_NE(done.finished_at, absl::InfinitePast());
+  EXPECT_GT(done.seq, 0);
+  absl::StatusOr<std::vector<Job>> many = store_->GetMany({"j_queued", "j_done", "j_nope"});
+  ASSERT_THAT(many, IsOk());
+  EXPECT_EQ(many->size(), 2u);
+  absl::StatusOr<std::vector<JobRef>> refs = store_->GetRefs({"j_cancelled", "j_queued"});
+  ASSERT_THAT(refs, IsOk());
+  EXPECT_EQ(refs->size(), 2u);
+  EXPECT_THAT(store_->Cancel("j_done", "again"),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "already SUCCEEDED"));
+  EXPECT_THAT(store_->Cancel("j_nope", "again"), StatusIs(absl::StatusCode::kNotFound));
+  // A finish of the job that moved on changes nothing.
+  EXPECT_THAT(store_->Finish({.job_id = "j_done", .attempt = 1, .result = "again"}),
+              IsOkAndHolds(false));
+  EXPECT_EQ(Get("j_done").result, "r");
+}
+
+TEST(DonePartitionSpanTest, IsARoundSpanOfAtMostAQuarterOfTheRetention) {
+  EXPECT_EQ(PgJobStore::DonePartitionSpan(absl::Hours(24 * 7)), absl::Hours(24));
+  EXPECT_EQ(PgJobStore::DonePartitionSpan(absl::Hours(24)), absl::Hours(1));
+  EXPECT_EQ(PgJobStore::DonePartitionSpan(absl::Hours(1)), absl::Minutes(1));
+  EXPECT_EQ(PgJobStore::DonePartitionSpan(absl::Minutes(3)), absl::Seconds(1));
+  EXPECT_EQ(PgJobStore::DonePartitionSpan(absl::Seconds(1)), absl::Seconds(1));
+}
+
+TEST_F(PgJobStoreTest, EndedJobsAreKeptForTheRetentionThenDroppedByPartition) {
+  // A database of its own: the fixture's store made its partitions for a retention of days.
+  absl::StatusOr<TestDatabase> db = TestDatabase::Create("store_retention");
+  ASSERT_THAT(db, IsOk());
+  absl::StatusOr<std::unique_ptr<PgJobStore>> store =
+      PgJobStore::Connect({.url = db->url(), .retention = absl::Seconds(4)});
+  ASSERT_THAT(store, IsOk());
+  pqxx::connection conn(db->url());
+  auto partitions = [&] {
+    pqxx::nontransaction txn(conn);
+    return txn
+        .exec("SELECT count(*) FROM pg_inherits WHERE inhparent = 'jobs_done'::regclass")[0][0]
+        .as<int>();
+  };
+  // Connect made partitions of one second through four seconds ahead.
+  EXPECT_GE(partitions(), 4);
+  EXPECT_THAT((*store)->AddDonePartitions((*store)->DonePartitionsAhead()),
+              IsOkAndHolds(::testing::Le(2)));
+
+  ASSERT_THAT((*store)->Insert(MakeJob("j_old")), IsOk());
+  ASSERT_THAT((*store)->Cancel("j_old", "by test"), IsOk());
+  ASSERT_THAT((*store)->Insert(MakeJob("j_waiting")), IsOk());
+  EXPECT_THAT((*store)->DropDonePartitions(), IsOkAndHolds(0));  // nothing is old enough yet
+  EXPECT_THAT((*store)->Get("j_old"), IsOk());
+
+  // Past the retention and the job's partition: gone, as a whole partition. Active jobs stay.
+  absl::SleepFor(absl::Seconds(6));
+  ASSERT_THAT((*store)->AddDonePartitions((*store)->DonePartitionsAhead()), IsOk());
+  absl::StatusOr<int> dropped = (*store)->DropDonePartitions();
+  ASSERT_THAT(dropped, IsOk());
+  EXPECT_GE(*dropped, 1);
+  EXPECT_THAT((*store)->Get("j_old"), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT((*store)->Get("j_waiting"), IsOk());
+  // New ends still find a partition.
+  ASSERT_THAT((*store)->Cancel("j_waiting", "by test"), IsOk());
+  absl::StatusOr<Job> waiting = (*store)->Get("j_waiting");
+  ASSERT_THAT(waiting, IsOk());
+  EXPECT_EQ(waiting->state, JobState::kCancelled);
+  pqxx::nontransaction txn(conn);
+  EXPECT_EQ(txn.exec("SELECT count(*) FROM pg_class WHERE relname ~ '^jobs_done_[0-9]+_[0-9]+$' "
+                     "AND relname NOT IN (SELECT inhrelid::regclass::text FROM pg_inherits)")[0][0]
+                .as<int>(),
+            0)
+      << "a detached partition was left behind";
+}
+
+TEST_F(PgJobStoreTest, ConnectRefusesARetentionBelowASecond) {
+  EXPECT_THAT(PgJobStore::Connect({.url = db_->url(), .retention = absl::Milliseconds(500)}),
+              StatusIs(absl::StatusCode::kInvalidArgument, "retention"));
 }
 
 TEST_F(PgJobStoreTest, ConnectRejectsBadOptions) {
