@@ -20,6 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "bench/loadgen/load_driver.h"
 
@@ -35,7 +36,9 @@ int UsageError(const std::string& message) {
 double CpuSeconds() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
-  auto seconds = [](const timeval& t) { return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) / 1e6; };
+  auto seconds = [](const timeval& t) {
+    return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) / 1e6;
+  };
   return seconds(u.ru_utime) + seconds(u.ru_stime);
 }
 
@@ -66,6 +69,9 @@ absl::Status WriteRecords(const std::string& path, const RunSummary& run) {
 }
 
 int Main(int argc, char** argv) {
+  // Debian's abseil tracks the lock order of every Mutex (gRPC's included) unless told not to: a
+  // cost on every call that a load generator has no use for.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   CLI::App app{
       "dispatch-loadgen: load and latency probes against a dispatchd JobService (bench/bench.py's "
       "e2e and latency scenarios)."};
