@@ -447,14 +447,25 @@ def run_latency(b, i):
         sub_records = read_records(sub_rec)
         starts = read_start_logs(d.start_logs)
         check_ran_once(d, sub_records + read_records(run_rec), 2 * (a.probes + a.warmup), starts)
-        to_worker = sorted(starts[job_id][0] - sent for seq, job_id, sent, _ in sub_records
-                           if seq >= a.warmup)
+        measured = [(job_id, sent) for seq, job_id, sent, _ in sub_records if seq >= a.warmup]
+        to_worker = sorted(starts[job_id][0] - sent for job_id, sent in measured)
+        # Where the time goes, from the rows' timestamps (the database server's clock, the same
+        # CLOCK_REALTIME): created_at is the insert's transaction start, dispatched_at the claim's.
+        rows = {r[0]: (int(r[1]), int(r[2])) for r in psql(
+            d.url, "SELECT id, (extract(epoch FROM created_at) * 1e6)::int8, "
+                   "(extract(epoch FROM dispatched_at) * 1e6)::int8 FROM jobs")}
+        to_insert = sorted(rows[j][0] - sent for j, sent in measured)
+        to_claim = sorted(rows[j][1] - rows[j][0] for j, _ in measured)
+        to_handler = sorted(starts[j][0] - rows[j][1] for j, _ in measured)
         ms = lambda us: round(us / 1000, 3)  # noqa: E731
         return {"probes": len(to_worker),
                 "submit_to_worker_p50_ms": ms(percentile(to_worker, 0.5)),
                 "submit_to_worker_p99_ms": ms(percentile(to_worker, 0.99)),
                 "submit_to_worker_p999_ms": ms(percentile(to_worker, 0.999)),
                 "submit_to_worker_max_ms": ms(to_worker[-1]),
+                "send_to_insert_p50_ms": ms(percentile(to_insert, 0.5)),
+                "insert_to_claim_p50_ms": ms(percentile(to_claim, 0.5)),
+                "claim_to_handler_p50_ms": ms(percentile(to_handler, 0.5)),
                 "submit_ack_p50_ms": ms(sub["latency_us"]["p50"]),
                 "submit_ack_p99_ms": ms(sub["latency_us"]["p99"]),
                 "runsync_p50_ms": ms(run["latency_us"]["p50"]),
