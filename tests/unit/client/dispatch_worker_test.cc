@@ -12,7 +12,10 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/unit/client/fake_worker_service.h"
@@ -137,6 +140,40 @@ TEST_F(DispatchWorkerTest, SigtermDrainsThenExitsZero) {
   EXPECT_EQ(r->result().output(), "simulated 300ms");
   ASSERT_TRUE(s->Send(Ack("j1")));
   EXPECT_EQ(worker_->Wait(kWait), 0) << worker_->err();
+}
+
+TEST_F(DispatchWorkerTest, StartLogHasEachHandlerStartInMicrosecondsAfterExit) {
+  const int64_t before_us = absl::ToUnixMicros(absl::Now());
+  std::shared_ptr<FakeSession> s =
+      Start({"--types", "a", "--slots", "2", "--echo", "--start-log", dir_ + "/starts"});
+  ASSERT_NE(s, nullptr);
+  ASSERT_TRUE(s->Send(Assign({{"j1", "a"}, {"j2", "a"}})));
+  for (const char* id : {"j1", "j2"}) {
+    ASSERT_TRUE(s->WaitFor(IsResult(id)).has_value()) << worker_->err();
+    ASSERT_TRUE(s->Send(Ack(id)));
+  }
+  worker_->Signal(SIGTERM);
+  ASSERT_TRUE(s->WaitFor(IsDraining()).has_value()) << worker_->err();
+  ASSERT_EQ(worker_->Wait(kWait), 0) << worker_->err();
+  const int64_t after_us = absl::ToUnixMicros(absl::Now());
+
+  std::ifstream in(dir_ + "/starts");
+  std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::string> lines = absl::StrSplit(all, '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 2u) << all;
+  std::vector<std::string> ids;
+  for (const std::string& line : lines) {
+    std::vector<std::string> f = absl::StrSplit(line, ' ');
+    ASSERT_EQ(f.size(), 3u) << line;
+    ids.push_back(f[0]);
+    EXPECT_EQ(f[1], "1") << line;
+    int64_t us = 0;
+    ASSERT_TRUE(absl::SimpleAtoi(f[2], &us)) << line;
+    EXPECT_GE(us, before_us) << line;
+    EXPECT_LE(us, after_us) << line;
+  }
+  EXPECT_THAT(ids, ::testing::UnorderedElementsAre("j1", "j2"));
+  EXPECT_THAT(Journal(), ::testing::SizeIs(4));  // --journal is unchanged alongside it
 }
 
 TEST_F(DispatchWorkerTest, UsageErrorsExitTwoNamingTheFlag) {
