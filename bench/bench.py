@@ -383,6 +383,10 @@ def lab_summary(runs):
         if k.endswith(LAB_WORST) and vals:
             med[k] = max(vals)
     med["seed"] = [r["seed"] for r in runs]
+    # Run by run, as "made up / all": two counts of one run only make sense together.
+    k = "dispatchd_rpm.rate_short_gaps"
+    if any(r.get(k) is not None for r in runs):
+        med[k] = ", ".join(f"{r.get(k + '_after_long')}/{r.get(k)}" for r in runs)
     return med
 
 
@@ -425,15 +429,14 @@ def print_lab(med, args, n_runs, command):
                      verdict(ok)])
 
     if g(d, "makespan_s") is not None or g(bl, "makespan_s") is not None:
-        bound = g(d, "lower_bound_s") or g(bl, "lower_bound_s")
-        limit = bound * (1 + lab.MAKESPAN_SLACK)
-        ms = g(d, "makespan_s")
-        row("makespan s", ms, g(bl, "makespan_s"), f"<= {limit:.1f} (bound +10%)",
-            ratio(ms, bound), None if ms is None else ms <= limit)
+        # Judged run by run (each has its own bound): the median of the runs' ratios.
+        over = g(d, "makespan_over_bound")
+        row("makespan s", g(d, "makespan_s"), g(bl, "makespan_s"),
+            f"<= {1 + lab.MAKESPAN_SLACK:.2f} x bound", over,
+            None if over is None else over <= 1 + lab.MAKESPAN_SLACK)
         row("lower bound s: max(longest, work/slots)", g(d, "lower_bound_s"),
             g(bl, "lower_bound_s"))
-        row("makespan / bound", g(d, "makespan_over_bound"), g(bl, "makespan_over_bound"),
-            f"<= {1 + lab.MAKESPAN_SLACK:.2f}")
+        row("makespan / bound", g(d, "makespan_over_bound"), g(bl, "makespan_over_bound"))
         row("ideal schedule s (no overhead)", med["ideal_fifo_s"],
             None if args.no_baseline else med["ideal_baseline_s"],
             f"longest first: {fmt(med['ideal_longest_first_s'])}")
@@ -485,6 +488,9 @@ def print_lab(med, args, n_runs, command):
             rows[-1][-1] = (f"met ({early:.2g} ms early < {args.stamp_tolerance_ms:g} ms "
                             "of stamp jitter)" if early <= args.stamp_tolerance_ms
                             else f"MISSED ({early:.3g} ms early)")
+        sg = g(rl, "rate_short_gaps")
+        if sg:
+            row("    gaps < 1/rate: after a longer one / all", sg, None)
         m = g(rl, "rate_max_one_model_60s")
         allowed = g(rl, "rate_allowed_60s")
         row("  most hand-outs of one model in 60 s", m, g(bl, "rate_max_one_model_60s"),

@@ -267,6 +267,19 @@ def rate_figures(tasks, timeline, models, rpm, burst, warmup):
             counted += 1
     theoretical = models * rate
     excess = max(bucket_excess(ts, rate, burst) for ts in by_model.values())
+    # Consecutive hand-outs of a model closer than one interval (by more than a millisecond), and
+    # how many of them come right after a gap longer by at least as much: a hand-out whose stamp
+    # is late makes the gap before it long and the gap after it short by the same amount, while
+    # the decisions stay one interval apart. Meaningful with burst 1 only.
+    interval, slack = 1 / rate, 0.001
+    short = made_up = 0
+    for ts in by_model.values():
+        ts = sorted(ts)
+        gaps = [b - a for a, b in zip(ts, ts[1:])]
+        for k, gap in enumerate(gaps):
+            if gap < interval - slack:
+                short += 1
+                made_up += k > 0 and gaps[k - 1] + gap >= 2 * interval - slack
     return {
         "rate_theoretical_per_s": r3(theoretical),
         "rate_steady_per_s": r3(steady) if counted == len(by_model) else None,
@@ -274,5 +287,7 @@ def rate_figures(tasks, timeline, models, rpm, burst, warmup):
         "rate_bucket_worst_excess": round(excess, 5),
         "rate_bucket_worst_early_ms": r3(1000 * excess / rate),
         "rate_max_one_model_60s": max(max_in_window(ts, 60.0) for ts in by_model.values()),
+        "rate_short_gaps": short if burst == 1 else None,
+        "rate_short_gaps_after_long": made_up if burst == 1 else None,
         "rate_allowed_60s": r3(burst + rate * 60),
     }
