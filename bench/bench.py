@@ -382,7 +382,15 @@ def lab_summary(runs):
         vals = [r[k] for r in runs if isinstance(r.get(k), (int, float))]
         if k.endswith(LAB_WORST) and vals:
             med[k] = max(vals)
+        elif vals and all(isinstance(v, int) for v in vals) and float(med[k]).is_integer():
+            med[k] = int(med[k])  # counts stay counts
     med["seed"] = [r["seed"] for r in runs]
+    # The task that ended last, run by run: a median of positions means nothing.
+    for p in ("baseline.", "dispatchd.", "dispatchd_rpm."):
+        if runs[0].get(p + "last_task_index") is not None:
+            med[p + "last_task"] = ", ".join(
+                f"{r[p + 'last_task_index']} ({r[p + 'last_task_model']}, "
+                f"{r[p + 'last_task_seconds']:.1f} s)" for r in runs)
     # Run by run, as "made up / all": two counts of one run only make sense together.
     k = "dispatchd_rpm.rate_short_gaps"
     if any(r.get(k) is not None for r in runs):
@@ -415,7 +423,7 @@ def print_lab(med, args, n_runs, command):
     rate = args.models * args.rpm / 60.0
     print(f"\n== lab: median of {n_runs} run(s), seeds {med['seed']}   ({command})")
     print(f"   {med['tasks']} tasks ({med['long_tasks']} of 20-40 s, the rest 1-5 s; "
-          f"{med['work_s']:.0f} s of work, longest {med['longest_s']} s) over {args.models} "
+          f"{med['work_s']:.0f} s of work, longest {med['longest_s']:.1f} s) over {args.models} "
           f"models; dispatchd ({args.policy}): {args.workers} workers x {args.slots} slots; baseline: "
           + ("skipped" if args.no_baseline else
              f"{args.batch_workers} batch workers x sub-batches of {args.sub_batch} (threads in "
@@ -454,12 +462,8 @@ def print_lab(med, args, n_runs, command):
         drops = g(d, "busy_drop_seconds")
         row("  seconds in a deep drop", drops, g(bl, "busy_drop_seconds"), "0",
             None, None if drops is None else drops == 0)
-        row("last task to end: index / seconds",
-            None if g(d, "last_task_index") is None else
-            f"{g(d, 'last_task_index')} / {g(d, 'last_task_seconds')}",
-            None if g(bl, "last_task_index") is None else
-            f"{g(bl, 'last_task_index')} / {g(bl, 'last_task_seconds')}")
-        row("  handed out at s", g(d, "last_task_handed_s"), g(bl, "last_task_handed_s"))
+        row("last task to end: handed out at s", g(d, "last_task_handed_s"),
+            g(bl, "last_task_handed_s"))
         row("last 20-40 s task handed out at s", g(d, "long_last_handed_s"),
             g(bl, "long_last_handed_s"))
         row("hand-out to start ms, median", g(d, "handed_to_started_median_ms"),
@@ -509,6 +513,10 @@ def print_lab(med, args, n_runs, command):
                                for j, c in enumerate(x)).rstrip())
         if n == 0:
             print("  " + "  ".join("-" * w for w in widths))
+    for name, p in (("dispatchd", d), ("baseline", bl), ("dispatchd with rpm", rl)):
+        if g(p, "last_task"):
+            print(f"  last task to end, per run, {name}: position (model, duration) "
+                  f"{g(p, 'last_task')}")
 
 
 def write_lab_series(path, runs, details):

@@ -226,6 +226,7 @@ def run_figures(tasks, timeline, slots):
     longs = [t for t in tasks if t.seconds >= LONG_S[0]]
     figs.update({
         "last_task_index": last.index,
+        "last_task_model": last.model,
         "last_task_seconds": last.seconds,
         "last_task_handed_s": r3(lt.handed - t0),
         "long_last_handed_s": r3(max(timeline[t.index].handed for t in longs) - t0)
