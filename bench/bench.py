@@ -565,7 +565,7 @@ def main():
                    help="rate-limited run: an excess over the bucket bound worth less hand-out "
                         "time than this is reported as dispatched_at's jitter, not a miss")
     args = p.parse_args()
-    defaults = {"drain": (4, 64), "lab": (8, 50)}[args.scenario]
+    defaults = {"lab": (8, 50)}.get(args.scenario, (4, 64))  # seed 001's 8 x 50 for lab
     args.workers = args.workers or defaults[0]
     args.slots = args.slots or defaults[1]
     if args.pg_url is None:
