@@ -12,6 +12,13 @@ Scenarios:
           reference workers (default 4) x --slots (default 64) in echo mode; jobs/s from the
           first dispatch to the last finish, read from the job rows. Also: the time the daemon
           took to load the backlog at start, and its peak RSS. Peer: graphile-worker.
+  lab     seed 001's experiment: --tasks (1000; 95% of 1-5 s, 5% of 20-40 s, from a seeded
+          generator) over --models (10) job types, queued in the database, run by --workers (8)
+          reference workers x --slots (50) that sleep each task's own duration; the same tasks
+          through a baseline of seed 001's blocking batch dispatch (--batch-workers 40 threads x
+          sub-batches of --sub-batch 10, in this process); then dispatchd again with --rpm (20)
+          per model. Makespan against max(longest task, work / slots), completions per second,
+          and the rate limit's steady rate and exact bound. See bench/README.md.
   e2e     --clients (8) clients of dispatch-loadgen queue --jobs no-op jobs as fast as they are
           admitted, each with --inflight (64) Submit calls in flight, while the workers drain
           them; then again on a fresh database with SubmitBatch calls of --batch (100) specs,
@@ -29,6 +36,8 @@ first attempt and was started by a worker exactly once, and no other job exists.
 Examples:
   python3 bench/bench.py drain
   python3 bench/bench.py drain --jobs 20000 --runs 1 --no-peer      # a quick look
+  python3 bench/bench.py lab                                         # 3 runs, ~25 min
+  python3 bench/bench.py lab --runs 1 --variant unlimited            # ~3 min
   python3 bench/bench.py drain --pg-url postgresql://me@db:5432/postgres --out /tmp/drain
   python3 bench/bench.py e2e --jobs 20000 --runs 1
   python3 bench/bench.py latency --probes 300 --runs 1
@@ -60,6 +69,7 @@ sys.path.insert(0, os.path.join(HERE, "sched"))
 from sched_e2e_bench import (  # noqa: E402
     BenchError, Postgres, find_binary, log, machine_info, psql, spawn, stop_process, tail,
     yaml_str)
+import lab  # noqa: E402
 
 PEER = os.path.join(os.path.dirname(REPO), "shared", "peers", "graphile-yardstick")
 
@@ -90,7 +100,8 @@ class Daemon:
         self.workers = []
         self.start_logs = []
 
-    def write_config(self, types):
+    def write_config(self, types, policy=None):
+        """types: names, or dicts of a name and other `types[]` keys (model, rpm, burst)."""
         cfg = os.path.join(self.dir, "dispatchd.yaml")
         lines = [
             "listen: 127.0.0.1:0",
@@ -99,15 +110,21 @@ class Daemon:
             "max_active: 10000000",
             "postgres:",
             f"  url: {yaml_str(self.url)}",
+        ] + (["scheduler:", f"  policy: {policy}"] if policy else []) + [
             "types:",
-        ] + [f"  - name: {t}" for t in types]
+        ]
+        for t in types:
+            t = {"name": t} if isinstance(t, str) else t
+            lines.append(f"  - name: {t['name']}")
+            lines += [f"    {k}: {yaml_str(v) if isinstance(v, str) else v}"
+                      for k, v in t.items() if k != "name" and v is not None]
         with open(cfg, "w") as f:
             f.write("\n".join(lines) + "\n")
         return cfg
 
-    def start(self, types):
+    def start(self, types, policy=None):
         """Starts the daemon; returns seconds from exec to ready (it has loaded its jobs)."""
-        cfg = self.write_config(types)
+        cfg = self.write_config(types, policy)
         ready = os.path.join(self.dir, "ready")
         if os.path.exists(ready):
             os.unlink(ready)
@@ -128,12 +145,13 @@ class Daemon:
             time.sleep(0.02)
         raise BenchError(f"dispatchd not ready in 600 s; log {self.proc.log_path}")
 
-    def start_workers(self, n, types, slots, start_logs=False):
-        """Starts n echo workers; with start_logs each writes dispatch-worker --start-log to
-        self.start_logs (complete once stop_workers has returned)."""
+    def start_workers(self, n, types, slots, mode=("--echo",), start_logs=False):
+        """Starts n reference workers in `mode` (echo by default); with start_logs each writes
+        dispatch-worker --start-log to self.start_logs (complete once stop_workers has
+        returned)."""
         for i in range(1, n + 1):
             argv = [self.b.worker, "--server", self.addr, "--id", f"w{i}", "--types",
-                    ",".join(types), "--slots", str(slots), "--echo", "--log-level", "warn"]
+                    ",".join(types), "--slots", str(slots), *mode, "--log-level", "warn"]
             if start_logs:
                 path = os.path.join(self.dir, f"starts-w{i}")
                 argv += ["--start-log", path]
@@ -480,8 +498,6 @@ def run_latency(b, i):
         d.drop()
 
 
-SCENARIOS = {"drain": run_drain, "backlog": run_backlog, "retained": run_retained,
-             "e2e": run_e2e, "latency": run_latency}
 
 # Targets: figure -> (">=" or "<=", value). Printed with the ratio figure/target.
 TARGETS = {
@@ -502,6 +518,132 @@ def target_check(key, value):
     met = value >= target if op == ">=" else value <= target
     text = f"target {'≥' if op == '>=' else '≤'} {target}: {ratio:.2f}x, {'met' if met else 'not met'}"
     return text, {"target": target, "op": op, "ratio": round(ratio, 3), "met": met}
+
+def lab_types(a, rpm):
+    """One job type per model, lab.m0 .. lab.mN; with `rpm`, each model's token bucket. No tier,
+    no max_concurrency and no VRAM figure: nothing but the slots holds the run below 400."""
+    return [{"name": f"lab.m{k}", "model": f"m{k}",
+             "rpm": rpm, "burst": a.burst if rpm else None} for k in range(a.models)]
+
+
+def queue_lab_tasks(url, tasks, chunk=2000):
+    """Inserts the tasks as QUEUED jobs `lab-<index>` in task order (seq follows the index), each
+    payload the task's duration for `dispatch-worker --sleep-payload`, e.g. `3.217s`. In chunks,
+    so that no statement outgrows a command-line argument."""
+    for at in range(0, len(tasks), chunk):
+        part = tasks[at:at + chunk]
+        types = ",".join(f"lab.{t.model}" for t in part)
+        payloads = ",".join(f"{t.seconds:.3f}s" for t in part)
+        psql(url, "INSERT INTO jobs_active (id, type, payload, fairness_key, state, max_attempts, "
+                  f"timeout_ms, created_at, updated_at) SELECT 'lab-' || (i - 1 + {at}), t, "
+                  "convert_to(p, 'UTF8'), 'lab', 'QUEUED', 3, 600000, now(), now() "
+                  f"FROM unnest('{{{types}}}'::text[], '{{{payloads}}}'::text[]) "
+                  "WITH ORDINALITY AS x(t, p, i) ORDER BY i", timeout=300)
+    psql(url, "VACUUM ANALYZE jobs_active", timeout=300)
+
+
+def run_lab_dispatchd(b, i, tasks, rpm):
+    """One run of the tasks on dispatchd: the backlog queued before the daemon starts (it loads
+    it), then the workers. Returns ({task index: Timeline}, figures of the run itself)."""
+    a = b.args
+    d = Daemon(b, f"lab-{i}-{'rpm' if rpm else 'free'}")
+    types = lab_types(a, rpm)
+    names = [t["name"] for t in types]
+    try:
+        d.start(types, a.policy)  # creates the schema
+        d.stop()
+        queue_lab_tasks(d.url, tasks)
+        d.start(types, a.policy)
+        d.start_workers(a.workers, names, a.slots, mode=["--sleep-payload"])
+        t_start = time.time()
+        deadline = t_start + a.timeout
+        last_log = t_start
+        while True:
+            d.check_alive()
+            if not d.any_active():
+                break
+            if time.time() > deadline:
+                raise BenchError(f"lab did not finish in {a.timeout} s; logs in {d.dir}")
+            if time.time() - last_log > 60:
+                log(f"  lab run {i}{' (rpm)' if rpm else ''}: {time.time() - t_start:.0f} s ...")
+                last_log = time.time()
+            time.sleep(0.5 if rpm is None else 2)
+        rows = psql(d.url, "SELECT id, state, attempt, worker_id, extract(epoch FROM dispatched_at), "
+                           "extract(epoch FROM started_at), extract(epoch FROM finished_at) "
+                           "FROM jobs", timeout=300)
+    finally:
+        d.stop()
+        d.drop()
+    timeline, first_by_worker, retried = {}, {}, 0
+    failed = [r[0] for r in rows if r[1] != "SUCCEEDED"]
+    if failed or len(rows) != len(tasks):
+        raise BenchError(f"lab: {len(failed)} of {len(rows)} jobs did not succeed "
+                         f"(e.g. {failed[:3]}); logs in {d.dir}")
+    for job_id, _state, attempt, worker, disp, start, fin in rows:
+        handed, finished = float(disp), float(fin)
+        started = float(start) if start else handed  # a result may overtake its RUNNING mark
+        timeline[int(job_id[len("lab-"):])] = lab.Timeline(handed, started, finished, finished)
+        first_by_worker[worker] = min(first_by_worker.get(worker, math.inf), handed)
+        retried += int(attempt) > 1
+    return timeline, {
+        "retried": retried, "workers_used": len(first_by_worker),
+        # How far apart the workers got their first job: the stagger of their connections.
+        "worker_first_handout_spread_s": lab.r3(max(first_by_worker.values()) -
+                                                min(first_by_worker.values()))}
+
+
+def run_lab(b, i):
+    """One run: a task set from seed --seed + i - 1, through the baseline, dispatchd, and dispatchd
+    with --rpm per model (as --variant and --no-baseline say). Flat figures, one key per system and
+    figure (`dispatchd.makespan_s`), plus "detail": the tasks, per-second series and timelines."""
+    a = b.args
+    seed = a.seed + i - 1
+    tasks = lab.make_tasks(a.tasks, a.models, seed)
+    slots = a.workers * a.slots
+    durations = [t.seconds for t in tasks]
+    figs = {
+        "seed": seed, "tasks": len(tasks),
+        "long_tasks": sum(1 for t in tasks if t.seconds >= lab.LONG_S[0]),
+        "work_s": round(sum(durations), 3), "longest_s": max(durations), "slots": slots,
+        # Overhead-free schedules of the same tasks, to tell the order's cost from the path's.
+        "ideal_fifo_s": lab.r3(lab.list_schedule(durations, slots)),
+        "ideal_longest_first_s": lab.r3(lab.list_schedule(sorted(durations, reverse=True), slots)),
+        "ideal_baseline_s": lab.r3(lab.baseline_ideal(tasks, a.batch_workers, a.sub_batch)),
+    }
+    detail = {"seed": seed, "tasks": [list(t) for t in tasks], "series": {}, "timelines": {}}
+
+    def record(system, timeline, system_slots, extra, rate):
+        f, series, tl = lab.run_figures(tasks, timeline, system_slots)
+        f.update(extra)
+        if rate:
+            f.update(lab.rate_figures(tasks, timeline, a.models, a.rpm, a.burst, a.rate_warmup))
+        figs.update({f"{system}.{k}": v for k, v in f.items()})
+        detail["series"][system] = series
+        detail["timelines"][system] = tl
+
+    rate_run = a.variant in ("both", "ratelimit")
+    if not a.no_baseline:
+        log(f"lab run {i} (seed {seed}): baseline, {a.batch_workers} batch workers x "
+            f"sub-batches of {a.sub_batch} ...")
+        # With a rate-limited run beside it, the baseline's hand-outs are held to the same
+        # bound, to show what the seed's system would send a model.
+        record("baseline", lab.run_baseline(tasks, a.batch_workers, a.sub_batch),
+               a.batch_workers * a.sub_batch, {}, rate_run)
+    if a.variant in ("both", "unlimited"):
+        log(f"lab run {i} (seed {seed}): dispatchd, {a.workers} workers x {a.slots} slots ...")
+        timeline, extra = run_lab_dispatchd(b, i, tasks, None)
+        record("dispatchd", timeline, slots, extra, False)
+    if rate_run:
+        log(f"lab run {i} (seed {seed}): dispatchd with rpm {a.rpm:g} per model, dispatching for "
+            f"about {len(tasks) / (a.models * a.rpm / 60):.0f} s ...")
+        timeline, extra = run_lab_dispatchd(b, i, tasks, a.rpm)
+        record("dispatchd_rpm", timeline, slots, extra, True)
+    figs["detail"] = detail
+    return figs
+
+
+SCENARIOS = {"drain": run_drain, "backlog": run_backlog, "retained": run_retained,
+             "e2e": run_e2e, "latency": run_latency, "lab": run_lab}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -529,15 +671,176 @@ def median_figures(runs):
     return out
 
 
+# Figures of the lab scenario judged by their worst run, not their median: bounds that must hold
+# in every run.
+LAB_WORST = ("rate_bucket_worst_excess", "rate_bucket_worst_early_ms", "rate_max_one_model_60s")
+
+
+def lab_summary(runs):
+    """The medians of the lab runs, except LAB_WORST figures: their worst (largest) value."""
+    med = median_figures(runs)
+    for k in med:
+        vals = [r[k] for r in runs if isinstance(r.get(k), (int, float))]
+        if k.endswith(LAB_WORST) and vals:
+            med[k] = max(vals)
+        elif vals and all(isinstance(v, int) for v in vals) and float(med[k]).is_integer():
+            med[k] = int(med[k])  # counts stay counts
+    med["seed"] = [r["seed"] for r in runs]
+    # The task that ended last, run by run: a median of positions means nothing.
+    for p in ("baseline.", "dispatchd.", "dispatchd_rpm."):
+        if runs[0].get(p + "last_task_index") is not None:
+            med[p + "last_task"] = ", ".join(
+                f"{r[p + 'last_task_index']} ({r[p + 'last_task_model']}, "
+                f"{r[p + 'last_task_seconds']:.1f} s)" for r in runs)
+    # Run by run, as "made up / all": two counts of one run only make sense together.
+    k = "dispatchd_rpm.rate_short_gaps"
+    if any(r.get(k) is not None for r in runs):
+        med[k] = ", ".join(f"{r.get(k + '_after_long')}/{r.get(k)}" for r in runs)
+    return med
+
+
+def fmt(v):
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        if 0 < abs(v) < 0.01:
+            return f"{v:.1e}"
+        return f"{v:.3f}" if abs(v) < 10 else f"{v:.1f}"
+    return str(v)
+
+
+def verdict(ok):
+    return "-" if ok is None else "met" if ok else "MISSED"
+
+
+def ratio(a, b):
+    return None if a is None or not b else a / b
+
+
+def print_lab(med, args, n_runs, command):
+    """The lab table: each figure with its target, its ratio to the target and a verdict."""
+    d, bl, rl = "dispatchd.", "baseline.", "dispatchd_rpm."
+    g = lambda prefix, k: med.get(prefix + k)
+    rate = args.models * args.rpm / 60.0
+    print(f"\n== lab: median of {n_runs} run(s), seeds {med['seed']}   ({command})")
+    print(f"   {med['tasks']} tasks ({med['long_tasks']} of 20-40 s, the rest 1-5 s; "
+          f"{med['work_s']:.0f} s of work, longest {med['longest_s']:.1f} s) over {args.models} "
+          f"models; dispatchd ({args.policy}): {args.workers} workers x {args.slots} slots; baseline: "
+          + ("skipped" if args.no_baseline else
+             f"{args.batch_workers} batch workers x sub-batches of {args.sub_batch} (threads in "
+             f"bench.py)"))
+    print(f"   makespan: first hand-out to last result; busy span: first completion to last "
+          f"hand-out; deep drop: a second under {lab.DROP_FRACTION:.0%} of the busy span's mean")
+    rows = []
+
+    def row(name, dv, bv, target="", r=None, ok=None):
+        rows.append([name, fmt(dv), fmt(bv), target, "-" if r is None else f"{r:.4f}",
+                     verdict(ok)])
+
+    if g(d, "makespan_s") is not None or g(bl, "makespan_s") is not None:
+        # Judged run by run (each has its own bound): the median of the runs' ratios.
+        over = g(d, "makespan_over_bound")
+        row("makespan s", g(d, "makespan_s"), g(bl, "makespan_s"),
+            f"<= {1 + lab.MAKESPAN_SLACK:.2f} x bound", over,
+            None if over is None else over <= 1 + lab.MAKESPAN_SLACK)
+        row("lower bound s: max(longest, work/slots)", g(d, "lower_bound_s"),
+            g(bl, "lower_bound_s"))
+        row("makespan / bound", g(d, "makespan_over_bound"), g(bl, "makespan_over_bound"))
+        row("ideal schedule s (no overhead)", med["ideal_fifo_s"],
+            None if args.no_baseline else med["ideal_baseline_s"],
+            f"longest first: {fmt(med['ideal_longest_first_s'])}")
+        row("  ideal in the run's hand-out order s", g(d, "ideal_in_handout_order_s"), None)
+        row("tasks/s (tasks / makespan)", g(d, "tasks_per_s"), g(bl, "tasks_per_s"))
+        row("busy span s", g(d, "busy_span_s"), g(bl, "busy_span_s"))
+        row("completions/s in busy span: mean", g(d, "busy_completions_mean"),
+            g(bl, "busy_completions_mean"))
+        row("  median", g(d, "busy_completions_median"), g(bl, "busy_completions_median"))
+        mm = lambda p: (None if g(p, "busy_completions_min") is None else
+                        f"{g(p, 'busy_completions_min')}/{g(p, 'busy_completions_p10')}/"
+                        f"{g(p, 'busy_completions_max')}")
+        row("  min/p10/max", mm(d), mm(bl))
+        row("  stdev / mean (cv)", g(d, "busy_completions_cv"), g(bl, "busy_completions_cv"))
+        drops = g(d, "busy_drop_seconds")
+        row("  seconds in a deep drop", drops, g(bl, "busy_drop_seconds"), "0",
+            None, None if drops is None else drops == 0)
+        row("last task to end: handed out at s", g(d, "last_task_handed_s"),
+            g(bl, "last_task_handed_s"))
+        row("last 20-40 s task handed out at s", g(d, "long_last_handed_s"),
+            g(bl, "long_last_handed_s"))
+        row("hand-out to start ms, median", g(d, "handed_to_started_median_ms"),
+            g(bl, "handed_to_started_median_ms"))
+        row("path overhead ms, median / p99",
+            None if g(d, "path_overhead_median_ms") is None else
+            f"{fmt(g(d, 'path_overhead_median_ms'))} / {fmt(g(d, 'path_overhead_p99_ms'))}",
+            None if g(bl, "path_overhead_median_ms") is None else
+            f"{fmt(g(bl, 'path_overhead_median_ms'))} / {fmt(g(bl, 'path_overhead_p99_ms'))}")
+        row("result held by its sub-batch s, mean", g(d, "result_held_mean_s"),
+            g(bl, "result_held_mean_s"))
+        row("workers' first hand-outs spread s", g(d, "worker_first_handout_spread_s"), None)
+    if g(rl, "makespan_s") is not None:
+        rows.append([f"with rpm {args.rpm:g} per model, burst {args.burst} (dispatchd only; the "
+                     f"baseline has no rate control: its unlimited run)", "", "", "", "", ""])
+        r = g(rl, "rate_steady_per_s")
+        rr = ratio(r, rate)
+        row(f"  steady hand-outs/s after {args.rate_warmup:.0f} s",
+            None if r is None else f"{r:.3f}", None,
+            f"{lab.RATE_FLOOR * rate:.3f} .. {rate:.3f}", rr,
+            None if rr is None else lab.RATE_FLOOR <= rr <= 1 + 5e-4)
+        e, early = g(rl, "rate_bucket_worst_excess"), g(rl, "rate_bucket_worst_early_ms")
+        row("  worst excess over burst + rate*t (any t)", e, g(bl, "rate_bucket_worst_excess"),
+            "<= 0 (worst run)", None, None if e is None else e <= 0)
+        if e is not None and e > 0:
+            rows[-1][-1] = (f"met ({early:.2g} ms early < {args.stamp_tolerance_ms:g} ms "
+                            "of stamp jitter)" if early <= args.stamp_tolerance_ms
+                            else f"MISSED ({early:.3g} ms early)")
+        sg = g(rl, "rate_short_gaps")
+        if sg:
+            row("    gaps < 1/rate: after a longer one / all", sg, None)
+        m = g(rl, "rate_max_one_model_60s")
+        allowed = g(rl, "rate_allowed_60s")
+        row("  most hand-outs of one model in 60 s", m, g(bl, "rate_max_one_model_60s"),
+            f"<= {fmt(allowed)} (worst run)", ratio(m, allowed),
+            None if m is None else m <= allowed + 1e-9)
+        row("  makespan s", g(rl, "makespan_s"), g(bl, "makespan_s"))
+        row("  tasks/s (tasks / makespan)", g(rl, "tasks_per_s"), g(bl, "tasks_per_s"))
+        row("  last hand-out s", g(rl, "last_handout_s"), g(bl, "last_handout_s"))
+    header = ["figure", "dispatchd", "baseline", "target", "ratio", "verdict"]
+    widths = [max(len(x[j]) for x in [header] + rows if len(x[j]) < 60) for j in range(6)]
+    for n, x in enumerate([header] + rows):
+        if x[1:] == [""] * 5:
+            print("  " + x[0])
+            continue
+        print("  " + "  ".join(c.ljust(widths[j]) if j in (0, 3) else c.rjust(widths[j])
+                               for j, c in enumerate(x)).rstrip())
+        if n == 0:
+            print("  " + "  ".join("-" * w for w in widths))
+    for name, p in (("dispatchd", d), ("baseline", bl), ("dispatchd with rpm", rl)):
+        if g(p, "last_task"):
+            print(f"  last task to end, per run, {name}: position (model, duration) "
+                  f"{g(p, 'last_task')}")
+
+
+def write_lab_series(path, runs, details):
+    """One row per run, system and second: completions and hand-outs in that second."""
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["run", "seed", "system", "second", "completions", "handouts"])
+        for i, det in enumerate(details, 1):
+            for system, series in det["series"].items():
+                for k, (c, h) in enumerate(zip(series["completions"], series["handouts"])):
+                    w.writerow([i, det["seed"], system, k, c, h])
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=__doc__[__doc__.index("Scenarios:"):])
     p.add_argument("scenario", choices=sorted(SCENARIOS))
     p.add_argument("--runs", type=int, default=3, help="runs per scenario (median reported)")
-    p.add_argument("--jobs", type=int, default=100000)
-    p.add_argument("--workers", type=int, default=4)
-    p.add_argument("--slots", type=int, default=64)
+    p.add_argument("--jobs", type=int, default=100000,
+                   help="drain, retained and backlog's drain, e2e: jobs")
+    p.add_argument("--workers", type=int, help="reference workers (lab 8, others 4)")
+    p.add_argument("--slots", type=int, help="slots per worker (lab 50, others 64)")
     p.add_argument("--backlog", type=int, default=1000000,
                    help="backlog: queued jobs when the daemon starts")
     p.add_argument("--retained", type=int, default=5000000,
@@ -561,19 +864,46 @@ def main():
     p.add_argument("--out", help="write OUT.json and OUT.csv (default bench-SCENARIO-TIME)")
     p.add_argument("--no-peer", action="store_true", help="skip the graphile-worker yardstick")
     p.add_argument("--keep-dbs", action="store_true")
+    g = p.add_argument_group("lab")
+    g.add_argument("--tasks", type=int, default=1000, help="tasks per run")
+    g.add_argument("--models", type=int, default=10, help="models (one job type each)")
+    g.add_argument("--seed", type=int, default=1, help="run i draws its tasks with seed SEED+i-1")
+    g.add_argument("--variant", choices=["both", "unlimited", "ratelimit"], default="both",
+                   help="dispatchd runs: without a rate limit, with --rpm per model, or both")
+    g.add_argument("--no-baseline", action="store_true", help="skip the blocking-batch baseline")
+    g.add_argument("--policy", choices=["fair", "fifo"], default="fair",
+                   help="dispatchd's scheduler.policy (fifo: arrival order, no model affinity)")
+    g.add_argument("--batch-workers", type=int, default=40,
+                   help="baseline: fixed batches, one thread each (seed 001: 20)")
+    g.add_argument("--sub-batch", type=int, default=10, help="baseline: tasks per blocking call")
+    g.add_argument("--rpm", type=float, default=20, help="rate-limited run: rpm per model")
+    g.add_argument("--burst", type=int, default=1, help="rate-limited run: burst per model")
+    g.add_argument("--rate-warmup", type=float, default=60,
+                   help="rate-limited run: seconds after the first hand-out left out of the rate")
+    g.add_argument("--stamp-tolerance-ms", type=float, default=lab.STAMP_TOLERANCE_MS,
+                   help="rate-limited run: an excess over the bucket bound worth less hand-out "
+                        "time than this is reported as dispatched_at's jitter, not a miss")
     args = p.parse_args()
-
+    defaults = {"lab": (8, 50)}.get(args.scenario, (4, 64))  # seed 001's 8 x 50 for lab
+    args.workers = args.workers or defaults[0]
+    args.slots = args.slots or defaults[1]
     if args.pg_url is None:
         os.environ["DISPATCHD_PG_DURABLE"] = "1"
     b = Bench(args)
     signal.signal(signal.SIGTERM, lambda s, f: sys.exit(128 + s))
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    load_before = os.getloadavg()
+    details = []
     try:
         b.pg.start()
         runs = []
         for i in range(1, args.runs + 1):
             r = SCENARIOS[args.scenario](b, i)
-            log(f"{args.scenario} run {i}: " + " ".join(f"{k}={v}" for k, v in r.items()))
+            if "detail" in r:
+                details.append(r.pop("detail"))
+            shown = {k: v for k, v in r.items()
+                     if args.scenario != "lab" or k.endswith(("makespan_s", "rate_steady_per_s"))}
+            log(f"{args.scenario} run {i}: " + " ".join(f"{k}={v}" for k, v in shown.items()))
             runs.append(r)
         peer = None
         if args.scenario == "drain" and not args.no_peer:
@@ -584,16 +914,21 @@ def main():
         b.pg.stop()
         shutil.rmtree(b.workdir, ignore_errors=True)
 
-    med = median_figures(runs)
     command = "python3 bench/bench.py " + " ".join(sys.argv[1:])
-    print(f"\n== {args.scenario}: median of {len(runs)} run(s)   ({command})")
-    width = max(len(k) for k in med)
     targets = {}
-    for k, v in med.items():
-        text, record = target_check(k, v)
-        print(f"  {k:<{width}}  {v}" + (f"    ({text})" if text else ""))
-        if record:
-            targets[k] = record
+    if args.scenario == "lab":
+        med = lab_summary(runs)
+        print_lab(med, args, len(runs), command)
+        width = 0
+    else:
+        med = median_figures(runs)
+        print(f"\n== {args.scenario}: median of {len(runs)} run(s)   ({command})")
+        width = max(len(k) for k in med)
+        for k, v in med.items():
+            text, record = target_check(k, v)
+            print(f"  {k:<{width}}  {v}" + (f"    ({text})" if text else ""))
+            if record:
+                targets[k] = record
     if peer:
         ratio = med["jobs_per_s"] / peer["best"]
         print(f"  {'graphile-worker':<{width}}  best {peer['best']} jobs/s, runs {peer['runs']}")
@@ -602,16 +937,27 @@ def main():
         med["ratio_to_peer_best"] = round(ratio, 3)
 
     out = args.out or f"bench-{args.scenario}-{time.strftime('%Y%m%d-%H%M%S')}"
+    doc = {"scenario": args.scenario, "command": command, "started": started,
+           "machine": machine_info(), "args": vars(args), "runs": runs, "median": med,
+           "targets": targets, "peer": peer,
+           # Other work on the machine: the 1, 5 and 15 min load averages before and after.
+           "loadavg": {"before": load_before, "after": os.getloadavg()}}
     with open(out + ".json", "w") as f:
-        json.dump({"scenario": args.scenario, "command": command, "started": started,
-                   "machine": machine_info(), "args": vars(args), "runs": runs, "median": med,
-                   "targets": targets, "peer": peer}, f, indent=2)
+        text = json.dumps(doc, indent=2)
+        if details:  # the per-task and per-second lists on one line each
+            text = (text[:-2] + ',\n  "details": [\n    ' +
+                    ",\n    ".join(json.dumps(d) for d in details) + "\n  ]\n}")
+        f.write(text + "\n")
     with open(out + ".csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=["run"] + list(runs[0]))
         w.writeheader()
         for i, r in enumerate(runs, 1):
             w.writerow({"run": i, **r})
-    print(f"  wrote {out}.json and {out}.csv")
+    if details:
+        write_lab_series(out + "-series.csv", runs, details)
+        print(f"  wrote {out}.json, {out}.csv and {out}-series.csv")
+    else:
+        print(f"  wrote {out}.json and {out}.csv")
 
 
 if __name__ == "__main__":

@@ -3,8 +3,8 @@
 //   dispatch-worker --server 127.0.0.1:7411 --types echo --slots 2 --exec 'tr a-z A-Z'
 //
 // Modes: --echo (result = payload), --exec CMD (run `/bin/sh -c CMD` per job), --simulate MIX
-// (sleep a duration drawn from a latency mix). SIGTERM/SIGINT drain (running jobs finish, then exit
-// 0); a second signal exits at once.
+// (sleep a duration drawn from a latency mix), --sleep-payload (sleep the duration the payload
+// names). SIGTERM/SIGINT drain (running jobs finish, then exit 0); a second signal exits at once.
 
 #include <fcntl.h>
 #include <poll.h>
@@ -324,6 +324,23 @@ class Simulator {
   std::string loaded_model_ ABSL_GUARDED_BY(mu_);
 };
 
+// --sleep-payload: the payload names the job's duration (`2.5s`, `1500ms`), so that a benchmark
+// decides each job's length itself and can compare runs on the same jobs.
+JobOutcome RunSleepPayload(JobContext& job) {
+  absl::Duration sleep;
+  const std::string text(absl::StripAsciiWhitespace(job.payload()));
+  if (!absl::ParseDuration(text, &sleep) || sleep < absl::ZeroDuration() ||
+      sleep == absl::InfiniteDuration()) {
+    return JobOutcome::Failure(
+        absl::StrCat("--sleep-payload: payload \"", text.substr(0, 64), "\" is not a duration"),
+        false);
+  }
+  if (job.WaitForCancellation(sleep)) {
+    return JobOutcome::Failure(absl::StrCat("cancelled: ", job.cancel_reason()), false);
+  }
+  return JobOutcome::Success(absl::StrCat("slept ", absl::FormatDuration(sleep)));
+}
+
 std::string DefaultId() {
   char host[256] = {0};
   if (gethostname(host, sizeof host - 1) != 0) std::strcpy(host, "localhost");
@@ -396,6 +413,13 @@ int Main(int argc, char** argv) {
       "Sleep a duration drawn from a latency mix, e.g. '95%:1s-5s,5%:20s-40s' or '100%:2s'");
   echo_opt->excludes(exec_opt)->excludes(sim_opt);
   exec_opt->excludes(sim_opt);
+  bool sleep_payload = false;
+  app.add_flag("--sleep-payload", sleep_payload,
+               "Sleep the duration the job's payload names, e.g. '2.5s' or '1500ms' (a payload "
+               "that is not a duration fails the job, not retryable)")
+      ->excludes(echo_opt)
+      ->excludes(exec_opt)
+      ->excludes(sim_opt);
   app.add_option("--model-load-delay", model_load_delay_flag,
                  "--simulate: extra delay when a job's model differs from the last loaded one")
       ->capture_default_str();
@@ -478,7 +502,9 @@ int Main(int argc, char** argv) {
   std::function<JobOutcome(JobContext&)> run;
   std::unique_ptr<Simulator> simulator;
   const int64_t max_output = options.max_output_bytes;
-  if (!exec_cmd.empty()) {
+  if (sleep_payload) {
+    run = RunSleepPayload;
+  } else if (!exec_cmd.empty()) {
     run = [exec_cmd, max_output](JobContext& job) { return RunExec(exec_cmd, max_output, job); };
   } else if (sim_opt->count() > 0) {
     absl::StatusOr<LatencyMix> mix = ParseLatencyMix(simulate_spec);

@@ -2,6 +2,7 @@
 
 #include <signal.h>
 
+#include <cstdint>
 #include <fstream>
 #include <iterator>
 #include <memory>
@@ -176,6 +177,59 @@ TEST_F(DispatchWorkerTest, StartLogHasEachHandlerStartInMicrosecondsAfterExit) {
   EXPECT_THAT(Journal(), ::testing::SizeIs(4));  // --journal is unchanged alongside it
 }
 
+// One assignment of type "a" whose payload is `payload`.
+v1::DaemonMessage AssignPayload(const std::string& id, const std::string& payload) {
+  v1::DaemonMessage m = Assign({{id, "a"}});
+  m.mutable_assign()->mutable_assignments(0)->set_payload(payload);
+  return m;
+}
+
+// Journal lines are `start job=J attempt=N ms=T` / `end job=J attempt=N ok=B ms=T`: T of `line`.
+int64_t JournalMillis(const std::string& line) {
+  size_t at = line.rfind(" ms=");
+  return at == std::string::npos ? -1 : std::stoll(line.substr(at + 4));
+}
+
+TEST_F(DispatchWorkerTest, SleepPayloadSleepsThePayloadsDuration) {
+  std::shared_ptr<FakeSession> s = Start({"--types", "a", "--sleep-payload"});
+  ASSERT_NE(s, nullptr);
+  ASSERT_TRUE(s->Send(AssignPayload("j1", " 300ms\n")));
+  std::optional<v1::WorkerMessage> r = s->WaitFor(IsResult("j1"));
+  ASSERT_TRUE(r.has_value()) << worker_->err();
+  EXPECT_EQ(r->result().output(), "slept 300ms");
+  std::vector<std::string> journal = Journal();
+  ASSERT_EQ(journal.size(), 2u);
+  // A lower bound only: the sleep never ends early, however slow the machine.
+  EXPECT_GE(JournalMillis(journal[1]) - JournalMillis(journal[0]), 300);
+}
+
+TEST_F(DispatchWorkerTest, SleepPayloadFailsAPayloadThatIsNoDuration) {
+  std::shared_ptr<FakeSession> s = Start({"--types", "a", "--slots", "2", "--sleep-payload"});
+  ASSERT_NE(s, nullptr);
+  ASSERT_TRUE(s->Send(AssignPayload("j1", "soon")));
+  ASSERT_TRUE(s->Send(AssignPayload("j2", "-1s")));
+  std::optional<v1::WorkerMessage> r1 = s->WaitFor(IsResult("j1"));
+  std::optional<v1::WorkerMessage> r2 = s->WaitFor(IsResult("j2"));
+  ASSERT_TRUE(r1.has_value() && r2.has_value()) << worker_->err();
+  EXPECT_THAT(r1->result().failure().message(), HasSubstr("\"soon\" is not a duration"));
+  EXPECT_FALSE(r1->result().failure().retryable());
+  EXPECT_THAT(r2->result().failure().message(), HasSubstr("\"-1s\" is not a duration"));
+}
+
+TEST_F(DispatchWorkerTest, SleepPayloadStopsOnCancel) {
+  std::shared_ptr<FakeSession> s = Start({"--types", "a", "--sleep-payload"});
+  ASSERT_NE(s, nullptr);
+  ASSERT_TRUE(s->Send(AssignPayload("j1", "10m")));
+  ASSERT_TRUE(s->WaitFor(IsAccept("j1")).has_value());
+  v1::DaemonMessage cancel;
+  cancel.mutable_cancel()->set_job_id("j1");
+  cancel.mutable_cancel()->set_attempt(1);
+  ASSERT_TRUE(s->Send(cancel));
+  std::optional<v1::WorkerMessage> r = s->WaitFor(IsResult("j1"));
+  ASSERT_TRUE(r.has_value()) << worker_->err();
+  EXPECT_THAT(r->result().failure().message(), HasSubstr("cancelled"));
+}
+
 TEST_F(DispatchWorkerTest, UsageErrorsExitTwoNamingTheFlag) {
   Subprocess bad_mix({DISPATCH_WORKER_BIN, "--types", "a", "--simulate", "90%:1s"},
                      dir_ + "/bad-mix");
@@ -188,6 +242,10 @@ TEST_F(DispatchWorkerTest, UsageErrorsExitTwoNamingTheFlag) {
                         dir_ + "/bad-labels");
   EXPECT_EQ(bad_labels.Wait(kWait), 2);
   EXPECT_THAT(bad_labels.err(), HasSubstr("--labels"));
+  Subprocess two_modes({DISPATCH_WORKER_BIN, "--types", "a", "--sleep-payload", "--echo"},
+                       dir_ + "/two-modes");
+  EXPECT_EQ(two_modes.Wait(kWait), 2);
+  EXPECT_THAT(two_modes.err(), HasSubstr("--sleep-payload"));
 }
 
 }  // namespace
