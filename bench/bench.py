@@ -521,8 +521,12 @@ def target_check(key, value):
 
 def lab_types(a, rpm):
     """One job type per model, lab.m0 .. lab.mN; with `rpm`, each model's token bucket. No tier,
-    no max_concurrency and no VRAM figure: nothing but the slots holds the run below 400."""
-    return [{"name": f"lab.m{k}", "model": f"m{k}",
+    no max_concurrency and no VRAM figure: nothing but the slots holds the run below 400.
+
+    Seed 001's models are remote LLM services: quotas, not weights loaded on a GPU. So by default
+    a type names no `model` (its rate limit is its own, and the scheduler has no model to keep
+    workers on); --gpu-models names one per type, which brings model affinity in."""
+    return [{"name": f"lab.m{k}", "model": f"m{k}" if a.gpu_models else None,
              "rpm": rpm, "burst": a.burst if rpm else None} for k in range(a.models)]
 
 
@@ -871,6 +875,8 @@ def main():
     g.add_argument("--variant", choices=["both", "unlimited", "ratelimit"], default="both",
                    help="dispatchd runs: without a rate limit, with --rpm per model, or both")
     g.add_argument("--no-baseline", action="store_true", help="skip the blocking-batch baseline")
+    g.add_argument("--gpu-models", action="store_true",
+                   help="give each type a `model` (GPU affinity) instead of remote models")
     g.add_argument("--policy", choices=["fair", "fifo"], default="fair",
                    help="dispatchd's scheduler.policy (fifo: arrival order, no model affinity)")
     g.add_argument("--batch-workers", type=int, default=40,
