@@ -203,12 +203,27 @@ CREATE VIEW jobs AS
   FROM jobs_done;
 )sql";
 
+// Version 6: fewer indexes on the hot table.
+//
+// - Since version 5, jobs_active holds active jobs only, and since version 4 queued jobs are
+//   found by queue: jobs_queued_by_arrival has no reader left, and jobs_active_by_arrival
+//   indexes every row. Every new job paid an entry in both.
+// - What still reads the placed jobs in arrival order (a restart, the reconcile) gets an index of
+//   those alone, so a queued job costs one index entry fewer when it arrives and none of these
+//   when it is claimed.
+constexpr char kMigration6PlacedByArrival[] = R"sql(
+DROP INDEX jobs_queued_by_arrival;
+DROP INDEX jobs_active_by_arrival;
+CREATE INDEX jobs_placed_by_arrival ON jobs_active (seq) WHERE state IN ('DISPATCHED', 'RUNNING');
+)sql";
+
 constexpr Migration kMigrations[] = {
     {1, "jobs table", kMigration1Jobs},
     {2, "idempotency window", kMigration2IdempotencyWindow},
     {3, "leader", kMigration3Leader},
     {4, "queued jobs by queue", kMigration4QueuedByQueue},
     {5, "ended jobs apart, partitioned by finish time", kMigration5JobsDone},
+    {6, "an index of placed jobs instead of two of every job", kMigration6PlacedByArrival},
 };
 
 }  // namespace

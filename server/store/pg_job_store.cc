@@ -222,18 +222,29 @@ FROM jobs_active j LEFT JOIN unnest($1::text[], $2::text[], $3::int8[]) AS b(typ
 WHERE j.state = 'QUEUED'
 GROUP BY j.type, j.fairness_key)sql"};
 
+// Batch writes find their rows one request at a time (`req` CROSS JOIN LATERAL a lookup by id),
+// then change what they found. That shape can only be planned as one primary-key probe per
+// request, whatever the table's statistics say. A plain join of the requests with the table is
+// planned from statistics that trail a table growing fast (a queue filling faster than
+// autovacuum analyzes it): it then hashes every queued row per statement. The change repeats
+// the state and attempt test, so a row that moved on in between is left alone (PostgreSQL
+// re-tests a row changed by a concurrent transaction before it writes it); only the claim locks
+// what it finds, to skip rows that other sessions hold.
+//
 // $1 ids, $2 attempts, $3 worker ids: parallel arrays, one element per claim. Rows locked by
 // another session are skipped; a row whose state or attempt moved on does not match. $4 epoch.
 constexpr Statement kClaim{"claim", "WITH " DISPATCHD_PG_FENCE(4) R"sql(, req AS (
   SELECT * FROM unnest($1::text[], $2::int4[], $3::text[]) AS r(id, attempt, worker_id)
 ), c AS (
-  SELECT j.id, req.worker_id
-  FROM jobs_active j JOIN req ON j.id = req.id AND j.attempt = req.attempt
-  WHERE j.state = 'QUEUED' AND EXISTS (SELECT 1 FROM fence)
-  FOR UPDATE OF j SKIP LOCKED
+  SELECT j.id, req.worker_id FROM req CROSS JOIN LATERAL (
+    SELECT id FROM jobs_active
+    WHERE id = req.id AND attempt = req.attempt AND state = 'QUEUED'
+    FOR UPDATE SKIP LOCKED
+  ) j
+  WHERE EXISTS (SELECT 1 FROM fence)
 )
 UPDATE jobs_active SET state = 'DISPATCHED', worker_id = c.worker_id, dispatched_at = now(),
-                updated_at = now()
+                       updated_at = now()
 FROM c WHERE jobs_active.id = c.id
 RETURNING jobs_active.id, jobs_active.payload)sql"};
 
@@ -252,14 +263,21 @@ WHERE id = $1 AND ((state = 'DISPATCHED' AND attempt = $2::int4 - 1) OR
 constexpr Statement kMarkRunningMany{"mark_running_many",
                                      "WITH " DISPATCHD_PG_FENCE(4) R"sql(, req AS (
   SELECT * FROM unnest($1::text[], $2::int4[], $3::text[]) AS r(id, attempt, worker_id)
+), hit AS (
+  SELECT j.id, req.attempt, req.worker_id FROM req CROSS JOIN LATERAL (
+    SELECT id FROM jobs_active WHERE id = req.id
+  ) j
+  WHERE EXISTS (SELECT 1 FROM fence)
 )
-UPDATE jobs_active SET state = 'RUNNING', attempt = req.attempt, worker_id = req.worker_id,
-                started_at = CASE WHEN jobs_active.state = 'DISPATCHED' THEN now() ELSE jobs_active.started_at END,
-                updated_at = now()
-FROM req
-WHERE jobs_active.id = req.id AND ((jobs_active.state = 'DISPATCHED' AND jobs_active.attempt = req.attempt - 1) OR
-                            (jobs_active.state = 'RUNNING' AND jobs_active.attempt = req.attempt))
-  AND EXISTS (SELECT 1 FROM fence)
+UPDATE jobs_active
+SET state = 'RUNNING', attempt = hit.attempt, worker_id = hit.worker_id,
+    started_at = CASE WHEN jobs_active.state = 'DISPATCHED' THEN now()
+                      ELSE jobs_active.started_at END,
+    updated_at = now()
+FROM hit
+WHERE jobs_active.id = hit.id
+  AND ((jobs_active.state = 'DISPATCHED' AND jobs_active.attempt = hit.attempt - 1) OR
+       (jobs_active.state = 'RUNNING' AND jobs_active.attempt = hit.attempt))
 RETURNING jobs_active.id)sql"};
 
 // $1 id, $2 attempt, $3 epoch.
@@ -306,13 +324,15 @@ constexpr Statement kFinish{"finish", "WITH " DISPATCHD_PG_FENCE(6) R"sql(, move
 constexpr Statement kFinishMany{"finish_many", "WITH " DISPATCHD_PG_FENCE(6) R"sql(, req AS (
   SELECT * FROM unnest($1::text[], $2::int4[], $3::text[], $4::text[], $5::text[])
     AS r(id, attempt, state, result_hex, error)
+), hit AS (
+  SELECT req.* FROM req CROSS JOIN LATERAL (SELECT id FROM jobs_active WHERE id = req.id) j
+  WHERE EXISTS (SELECT 1 FROM fence)
 ), moved AS (
-  DELETE FROM jobs_active j USING req
-  WHERE j.id = req.id AND ((j.state = 'RUNNING' AND j.attempt = req.attempt) OR
-                           (j.state = 'DISPATCHED' AND j.attempt = req.attempt - 1))
-    AND EXISTS (SELECT 1 FROM fence)
-  RETURNING j.*, req.state AS new_state, req.attempt AS new_attempt, req.result_hex,
-            req.error AS new_error
+  DELETE FROM jobs_active j USING hit
+  WHERE j.id = hit.id AND ((j.state = 'RUNNING' AND j.attempt = hit.attempt) OR
+                           (j.state = 'DISPATCHED' AND j.attempt = hit.attempt - 1))
+  RETURNING j.*, hit.state AS new_state, hit.attempt AS new_attempt, hit.result_hex,
+            hit.error AS new_error
 )
 )sql" DISPATCHD_PG_INSERT_DONE("m.new_state", "m.new_attempt", "decode(m.result_hex, 'hex')",
                                "m.new_error") " RETURNING id"};
