@@ -19,6 +19,8 @@ constexpr absl::Duration kSweepInterval = absl::Milliseconds(200);
 constexpr absl::Duration kExpiryInterval = absl::Seconds(1);
 constexpr absl::Duration kStoreErrorPause = absl::Seconds(1);
 constexpr size_t kMaxDispatchesPerRound = 512;
+// Turns whose writes are in the database at once (CommitTurn).
+constexpr int kMaxTurnsInFlight = 2;
 // How often the scheduler's derived counts are recounted (Scheduler::Audit).
 constexpr absl::Duration kAuditInterval = absl::Seconds(10);
 // How often the jobs held here are compared with the database (Reconcile).
@@ -95,6 +97,7 @@ absl::Status Dispatcher::Start() {
              heads->queues.size(), windows_.size(), placed->size(),
              absl::FormatDuration(config_.orphan_grace));
   next_reconcile_ = now + kReconcileInterval;
+  writer_ = std::make_unique<server::Executor>(kMaxTurnsInFlight);
   loop_ = std::thread([this] { Loop(); });
   return absl::OkStatus();
 }
@@ -106,6 +109,10 @@ void Dispatcher::Stop() {
     stopping_ = true;
   }
   if (loop_.joinable()) loop_.join();
+  // Turns in flight finish writing; what they wrote is settled by the next term (claimed jobs
+  // that were never assigned are DISPATCHED rows it holds for orphan_grace, unacknowledged
+  // results come again from their workers).
+  writer_.reset();
   for (auto& [id, session] : sessions_) {
     if (session.link) session.link->Close(absl::UnavailableError("daemon shutting down"));
   }
@@ -236,6 +243,7 @@ void Dispatcher::Drop(const std::string& job_id, const std::string& why, absl::T
   if (it->second.result_waits) SendAck(j.worker_id, job_id, it->second.parked_attempt);
   jobs_.erase(it);
   ++ended_since_publish_;
+  if (turns_in_flight_ > 0) dropped_in_flight_.insert(job_id);
 }
 
 void Dispatcher::RowsChanged(std::vector<job::Job> rows) {
@@ -374,6 +382,11 @@ void Dispatcher::Loop() {
       Sweep(now);
       next_sweep_ = now + kSweepInterval;
     }
+    if (reconcile_due_ && turns_in_flight_ == 0) {
+      reconcile_due_ = false;
+      next_reconcile_ = now + kReconcileInterval;
+      Reconcile(now);
+    }
     Refill(now);
     CommitTurn(now);
     PublishLoad(now);
@@ -458,28 +471,6 @@ bool Dispatcher::SetRateLimit(const std::string& rate_key, config::RateLimit lim
   return ran && *out;
 }
 
-void Dispatcher::DispatchReady(absl::Time now) {
-  while (now >= dispatch_paused_until_) {
-    std::vector<sched::Dispatch> decisions = scheduler_.Decide(now, kMaxDispatchesPerRound);
-    if (decisions.empty()) return;
-    std::vector<store::ClaimRequest> claims;
-    claims.reserve(decisions.size());
-    for (const sched::Dispatch& d : decisions) {
-      claims.push_back(store::ClaimRequest{d.job_id, d.attempt, d.worker_id});
-    }
-    std::vector<std::string> payloads;
-    absl::StatusOr<std::vector<std::string>> claimed = store_.Claim(claims, &payloads);
-    if (!claimed.ok()) {
-      server::Log("dispatch")->warn("claim failed jobs={} status={}", claims.size(),
-                                    claimed.status().ToString());
-      RetractClaims(decisions, now);
-      return;
-    }
-    ApplyClaims(decisions, *claimed, payloads, now);
-    if (decisions.size() < kMaxDispatchesPerRound) return;
-  }
-}
-
 void Dispatcher::RetractClaims(const std::vector<sched::Dispatch>& decisions, absl::Time now) {
   for (const sched::Dispatch& d : decisions) {
     scheduler_.Retract(d.job_id);
@@ -502,11 +493,14 @@ void Dispatcher::ApplyClaims(const std::vector<sched::Dispatch>& decisions,
   for (const sched::Dispatch& d : decisions) {
     auto it = jobs_.find(d.job_id);
     if (won.contains(d.job_id) && it == jobs_.end()) {
-      // Claimed a job this loop no longer tracks: a bug, but the row must not stay DISPATCHED
-      // with nobody to run it. Give it back; the reconcile queues it again.
-      server::Log("dispatch")
-          ->error("claimed job={} that is not tracked here: returning it", d.job_id);
-      ++repairs_;
+      // Claimed a job this loop no longer tracks. A cancel while the claim was being written
+      // does that (the cancel then ended the row); anything else is a bug. Either way the row
+      // must not stay DISPATCHED with nobody to run it: give it back.
+      if (!dropped_in_flight_.contains(d.job_id)) {
+        server::Log("dispatch")
+            ->error("claimed job={} that is not tracked here: returning it", d.job_id);
+        ++repairs_;
+      }
       scheduler_.Retract(d.job_id);
       if (absl::StatusOr<bool> back = store_.ReturnToQueue(d.job_id, d.attempt); !back.ok()) {
         server::Log("dispatch")
@@ -609,10 +603,8 @@ void Dispatcher::Sweep(absl::Time now) {
       ++repairs_;
     }
   }
-  if (now >= next_reconcile_) {
-    next_reconcile_ = now + kReconcileInterval;
-    Reconcile(now);
-  }
+  // The reconcile compares settled state: it waits for the turns in flight (see Loop).
+  if (now >= next_reconcile_) reconcile_due_ = true;
 
   // Transitions the database refused (it was away) are written once it answers again.
   if (!parked_.empty()) RetryParked(now);
@@ -979,25 +971,42 @@ void Dispatcher::RetryParked(absl::Time now) {
 }
 
 void Dispatcher::CommitTurn(absl::Time now) {
-  store::TurnWrites writes;
-  std::vector<ParkedWrite> successes;
+  // At most kMaxTurnsInFlight at once, and none while the reconcile waits to run: a finished
+  // turn wakes the loop (its completion is a task), which comes back here.
+  if (turns_in_flight_ >= kMaxTurnsInFlight || reconcile_due_) return;
+  TurnInFlight turn;
+  store::TurnWrites& writes = turn.writes;
   next_flush_ = absl::InfiniteFuture();
   if (now < writes_paused_until_) {
     if (unwritten_successes_ > 0 || !unmarked_.empty()) next_flush_ = writes_paused_until_;
   } else {
     // Results first: a job whose result is in hand needs no RUNNING mark (the finish accepts
     // the row still DISPATCHED at the attempt before), so a short job costs one write, not two.
-    TakeSuccesses(&writes.finishes, &successes);
+    TakeSuccesses(&writes.finishes, &turn.successes);
     TakeDueMarks(now, &writes.marks);
   }
-  std::vector<sched::Dispatch> decisions;
-  if (now >= dispatch_paused_until_) decisions = scheduler_.Decide(now, kMaxDispatchesPerRound);
-  for (const sched::Dispatch& d : decisions) {
+  if (now >= dispatch_paused_until_) {
+    turn.decisions = scheduler_.Decide(now, kMaxDispatchesPerRound);
+  }
+  for (const sched::Dispatch& d : turn.decisions) {
     writes.claims.push_back(store::ClaimRequest{d.job_id, d.attempt, d.worker_id});
   }
   if (writes.empty()) return;
+  for (const store::MarkRequest& m : writes.marks) marking_.insert(m.job_id);
+  ++turns_in_flight_;
+  writer_->Schedule([this, turn = std::move(turn)]() mutable {
+    absl::StatusOr<store::TurnOutcome> out = store_.WriteTurn(turn.writes);
+    Post([this, turn = std::move(turn), out = std::move(out)]() mutable {
+      FinishTurn(std::move(turn), std::move(out));
+    });
+  });
+}
 
-  absl::StatusOr<store::TurnOutcome> out = store_.WriteTurn(writes);
+void Dispatcher::FinishTurn(TurnInFlight turn, absl::StatusOr<store::TurnOutcome> out) {
+  --turns_in_flight_;
+  for (const store::MarkRequest& m : turn.writes.marks) marking_.erase(m.job_id);
+  const absl::Time now = clock_.TimeNow();
+  const store::TurnWrites& writes = turn.writes;
   if (!out.ok()) {
     server::Log("dispatch")
         ->warn("write failed finishes={} marks={} claims={} status={}", writes.finishes.size(),
@@ -1026,44 +1035,55 @@ void Dispatcher::CommitTurn(absl::Time now) {
       }
     }
     if (finished.ok()) {
-      ApplyFinishes(successes, alone.finished);
+      ApplyFinishes(turn.successes, alone.finished);
     } else if (!writes.finishes.empty()) {
       // The results wait, unacknowledged (their workers keep them).
       writes_paused_until_ = now + kStoreErrorPause;
-      unwritten_successes_ += static_cast<int64_t>(successes.size());
-      for (ParkedWrite& p : successes) parked_.push_back(std::move(p));
+      unwritten_successes_ += static_cast<int64_t>(turn.successes.size());
+      for (ParkedWrite& p : turn.successes) parked_.push_back(std::move(p));
     }
     if (marked.ok()) {
       ApplyMarks(writes.marks, alone.marked);
     } else if (!writes.marks.empty()) {
       // The accepted jobs count as running meanwhile: their outcomes settle the rows even if
-      // no mark ever lands.
+      // no mark ever lands. The marks go again after the pause.
       writes_paused_until_ = now + kStoreErrorPause;
+      for (const store::MarkRequest& m : writes.marks) {
+        if (auto it = jobs_.find(m.job_id); it != jobs_.end() && it->second.accepted) {
+          unmarked_.insert(m.job_id);
+        }
+      }
     }
     if (claimed.ok()) {
-      ApplyClaims(decisions, alone.claimed, alone.claimed_payloads, now);
-    } else if (!decisions.empty()) {
-      RetractClaims(decisions, now);
+      ApplyClaims(turn.decisions, alone.claimed, alone.claimed_payloads, now);
+    } else if (!turn.decisions.empty()) {
+      RetractClaims(turn.decisions, now);
     }
-    if (writes_paused_until_ > now) next_flush_ = writes_paused_until_;
+    if (writes_paused_until_ > now) next_flush_ = std::min(next_flush_, writes_paused_until_);
+    if (turns_in_flight_ == 0) dropped_in_flight_.clear();
     return;
   }
-  ApplyFinishes(successes, out->finished);
+  ApplyFinishes(turn.successes, out->finished);
   ApplyMarks(writes.marks, out->marked);
-  ApplyClaims(decisions, out->claimed, out->claimed_payloads, now);
-  // A full round: more may be ready; they go in rounds of their own.
-  if (decisions.size() == kMaxDispatchesPerRound) DispatchReady(now);
+  ApplyClaims(turn.decisions, out->claimed, out->claimed_payloads, now);
+  if (turns_in_flight_ == 0) dropped_in_flight_.clear();
 }
 
 void Dispatcher::TakeSuccesses(std::vector<store::FinishRequest>* reqs,
                                std::vector<ParkedWrite>* taken) {
   if (unwritten_successes_ == 0) return;
   std::vector<ParkedWrite> rest;
+  int64_t waiting = 0;
   for (ParkedWrite& p : parked_) {
     auto it = jobs_.find(p.job_id);
     if (p.failed || it == jobs_.end() || it->second.parked != Parked::kSuccess ||
         it->second.parked_attempt != p.attempt) {
       if (p.failed) rest.push_back(std::move(p));  // a failure, or a success settled otherwise
+      continue;
+    }
+    if (marking_.contains(p.job_id)) {  // its RUNNING mark is being written: the next turn
+      rest.push_back(std::move(p));
+      ++waiting;
       continue;
     }
     reqs->push_back(store::FinishRequest{.job_id = p.job_id,
@@ -1073,7 +1093,7 @@ void Dispatcher::TakeSuccesses(std::vector<store::FinishRequest>* reqs,
     taken->push_back(std::move(p));
   }
   parked_ = std::move(rest);
-  unwritten_successes_ = 0;
+  unwritten_successes_ = waiting;
 }
 
 void Dispatcher::TakeDueMarks(absl::Time now, std::vector<store::MarkRequest>* marks) {
@@ -1091,6 +1111,7 @@ void Dispatcher::TakeDueMarks(absl::Time now, std::vector<store::MarkRequest>* m
     }
     marks->push_back(
         store::MarkRequest{.job_id = id, .attempt = j.attempt + 1, .worker_id = j.worker_id});
+    gone.push_back(id);  // in this turn's write now (FinishTurn puts it back if that fails)
   }
   for (const std::string& id : gone) unmarked_.erase(id);
 }
@@ -1113,8 +1134,13 @@ void Dispatcher::ApplyMarks(const std::vector<store::MarkRequest>& marks,
                             const std::vector<std::string>& marked_ids) {
   absl::flat_hash_set<std::string> running(marked_ids.begin(), marked_ids.end());
   for (const store::MarkRequest& m : marks) {
-    unmarked_.erase(m.job_id);
-    Entry& e = jobs_.at(m.job_id);
+    // The job may have moved on while its mark was being written: ended, retried or dropped.
+    auto it = jobs_.find(m.job_id);
+    if (it == jobs_.end()) continue;
+    Entry& e = it->second;
+    if (!e.accepted || e.job.state != JobState::kDispatched || e.job.attempt + 1 != m.attempt) {
+      continue;
+    }
     e.accepted = false;
     if (!running.contains(m.job_id)) {
       // The row moved on (a standby cancelled it): the reconcile settles the entry.

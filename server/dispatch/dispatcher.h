@@ -27,6 +27,7 @@
 #include "server/dispatch/overflow_hook.h"
 #include "server/dispatch/worker_link.h"
 #include "server/store/job_store.h"
+#include "server/util/executor.h"
 
 namespace dispatchd::dispatch {
 
@@ -164,7 +165,6 @@ class Dispatcher {
   void Keep(job::Job row);
   // Reads the next rows of queues whose window ran below half full.
   void Refill(absl::Time now);
-  void DispatchReady(absl::Time now);
   // Tells the admission gate what the loop holds now.
   void PublishLoad(absl::Time now);
   void Sweep(absl::Time now);
@@ -195,11 +195,20 @@ class Dispatcher {
   void Park(Entry& entry, int32_t attempt, const std::string& error, bool retryable, bool ack);
   void RetryParked(absl::Time now);
   // Group commit: the results and RUNNING marks this turn gathered and the claims of its
-  // dispatch decisions, written in one transaction (store::JobStore::WriteTurn); then the results
-  // are acknowledged and the claimed jobs assigned. On an error the results and marks wait
+  // dispatch decisions, written in one transaction (store::JobStore::WriteTurn) on the writer's
+  // thread while the loop goes on; FinishTurn then acknowledges the results and assigns the
+  // claimed jobs. Up to kMaxTurnsInFlight turns are written at once, so the loop keeps taking
+  // results and deciding while the database commits. On an error the results and marks wait
   // kStoreErrorPause and go again (the entries keep counting as running or ended meanwhile),
   // and the decisions are retracted.
   void CommitTurn(absl::Time now);
+  // A turn's writes on their way to the store.
+  struct TurnInFlight {
+    store::TurnWrites writes;
+    std::vector<ParkedWrite> successes;
+    std::vector<sched::Dispatch> decisions;
+  };
+  void FinishTurn(TurnInFlight turn, absl::StatusOr<store::TurnOutcome> out);
   // Moves the successes waiting in parked_ into `reqs` (and `taken`).
   void TakeSuccesses(std::vector<store::FinishRequest>* reqs, std::vector<ParkedWrite>* taken);
   // The RUNNING marks that are due (kRunningMarkDelay after their accept).
@@ -254,6 +263,8 @@ class Dispatcher {
   absl::flat_hash_map<std::string, int64_t> unsettled_ ABSL_GUARDED_BY(mu_);
   std::thread loop_;
   std::atomic<int64_t> repairs_{0};
+  // Runs the turns' writes (kMaxTurnsInFlight threads), each on a pooled connection of its own.
+  std::unique_ptr<server::Executor> writer_;
 
   // Loop-confined state.
   using QueueId = std::pair<std::string, std::string>;  // (type, fairness key)
@@ -281,6 +292,15 @@ class Dispatcher {
   absl::flat_hash_set<std::string> unmarked_;    // accepted jobs whose RUNNING mark is not written
   int64_t unwritten_successes_ = 0;              // kSuccess entries of parked_ to write
   absl::Time writes_paused_until_ = absl::InfinitePast();
+  int turns_in_flight_ = 0;
+  // Jobs whose RUNNING mark is in a turn in flight: their success waits for it (two turns in
+  // flight never write one row, so they cannot deadlock on row locks).
+  absl::flat_hash_set<std::string> marking_;
+  // The reconcile is due: it runs once no turn is in flight (it compares settled state).
+  bool reconcile_due_ = false;
+  // Jobs dropped (cancelled, ended elsewhere) while a turn was in flight: a claim of one of them
+  // that comes back won is no bug (ApplyClaims).
+  absl::flat_hash_set<std::string> dropped_in_flight_;
   // When CommitTurn must run next: a RUNNING mark falls due, or a paused write may go again.
   absl::Time next_flush_ = absl::InfiniteFuture();
   std::vector<ParkedWrite> parked_;       // outcomes to write once the database answers

@@ -223,21 +223,23 @@ WHERE j.state = 'QUEUED'
 GROUP BY j.type, j.fairness_key)sql"};
 
 // Batch writes find their rows one request at a time (`req` CROSS JOIN LATERAL a lookup by id),
-// then change what they found. That shape can only be planned as one primary-key probe per
-// request, whatever the table's statistics say. A plain join of the requests with the table is
+// then change what they found by its tuple id (a TID scan: no second index probe). That shape
+// can only be planned as one primary-key probe per request, whatever the table's statistics
+// say. A plain join of the requests with the table is
 // planned from statistics that trail a table growing fast (a queue filling faster than
 // autovacuum analyzes it): it then hashes every queued row per statement. The change repeats
 // the state and attempt test, so a row that moved on in between is left alone (PostgreSQL
-// re-tests a row changed by a concurrent transaction before it writes it); only the claim locks
-// what it finds, to skip rows that other sessions hold.
+// re-tests a row changed by a concurrent transaction before it writes it, following it to its
+// newest version); only the claim locks what it finds, to skip rows that other sessions hold,
+// and a row it has locked keeps its tuple id.
 //
 // $1 ids, $2 attempts, $3 worker ids: parallel arrays, one element per claim. Rows locked by
 // another session are skipped; a row whose state or attempt moved on does not match. $4 epoch.
 constexpr Statement kClaim{"claim", "WITH " DISPATCHD_PG_FENCE(4) R"sql(, req AS (
   SELECT * FROM unnest($1::text[], $2::int4[], $3::text[]) AS r(id, attempt, worker_id)
 ), c AS (
-  SELECT j.id, req.worker_id FROM req CROSS JOIN LATERAL (
-    SELECT id FROM jobs_active
+  SELECT j.ctid AS tid, req.worker_id FROM req CROSS JOIN LATERAL (
+    SELECT ctid FROM jobs_active
     WHERE id = req.id AND attempt = req.attempt AND state = 'QUEUED'
     FOR UPDATE SKIP LOCKED
   ) j
@@ -245,7 +247,7 @@ constexpr Statement kClaim{"claim", "WITH " DISPATCHD_PG_FENCE(4) R"sql(, req AS
 )
 UPDATE jobs_active SET state = 'DISPATCHED', worker_id = c.worker_id, dispatched_at = now(),
                        updated_at = now()
-FROM c WHERE jobs_active.id = c.id
+FROM c WHERE jobs_active.ctid = ANY(ARRAY(SELECT tid FROM c)) AND jobs_active.ctid = c.tid
 RETURNING jobs_active.id, jobs_active.payload)sql"};
 
 // $1 id, $2 attempt, $3 worker id. DISPATCHED at attempt-1 (accept) or RUNNING at attempt
@@ -264,8 +266,8 @@ constexpr Statement kMarkRunningMany{"mark_running_many",
                                      "WITH " DISPATCHD_PG_FENCE(4) R"sql(, req AS (
   SELECT * FROM unnest($1::text[], $2::int4[], $3::text[]) AS r(id, attempt, worker_id)
 ), hit AS (
-  SELECT j.id, req.attempt, req.worker_id FROM req CROSS JOIN LATERAL (
-    SELECT id FROM jobs_active WHERE id = req.id
+  SELECT j.ctid AS tid, req.* FROM req CROSS JOIN LATERAL (
+    SELECT ctid FROM jobs_active WHERE id = req.id
   ) j
   WHERE EXISTS (SELECT 1 FROM fence)
 )
@@ -275,7 +277,7 @@ SET state = 'RUNNING', attempt = hit.attempt, worker_id = hit.worker_id,
                       ELSE jobs_active.started_at END,
     updated_at = now()
 FROM hit
-WHERE jobs_active.id = hit.id
+WHERE jobs_active.ctid = ANY(ARRAY(SELECT tid FROM hit)) AND jobs_active.id = hit.id
   AND ((jobs_active.state = 'DISPATCHED' AND jobs_active.attempt = hit.attempt - 1) OR
        (jobs_active.state = 'RUNNING' AND jobs_active.attempt = hit.attempt))
 RETURNING jobs_active.id)sql"};
@@ -325,12 +327,15 @@ constexpr Statement kFinishMany{"finish_many", "WITH " DISPATCHD_PG_FENCE(6) R"s
   SELECT * FROM unnest($1::text[], $2::int4[], $3::text[], $4::text[], $5::text[])
     AS r(id, attempt, state, result_hex, error)
 ), hit AS (
-  SELECT req.* FROM req CROSS JOIN LATERAL (SELECT id FROM jobs_active WHERE id = req.id) j
+  SELECT j.ctid AS tid, req.* FROM req CROSS JOIN LATERAL (
+    SELECT ctid FROM jobs_active WHERE id = req.id
+  ) j
   WHERE EXISTS (SELECT 1 FROM fence)
 ), moved AS (
   DELETE FROM jobs_active j USING hit
-  WHERE j.id = hit.id AND ((j.state = 'RUNNING' AND j.attempt = hit.attempt) OR
-                           (j.state = 'DISPATCHED' AND j.attempt = hit.attempt - 1))
+  WHERE j.ctid = ANY(ARRAY(SELECT tid FROM hit)) AND j.id = hit.id
+    AND ((j.state = 'RUNNING' AND j.attempt = hit.attempt) OR
+         (j.state = 'DISPATCHED' AND j.attempt = hit.attempt - 1))
   RETURNING j.*, hit.state AS new_state, hit.attempt AS new_attempt, hit.result_hex,
             hit.error AS new_error
 )
