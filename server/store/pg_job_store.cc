@@ -222,66 +222,6 @@ FROM jobs_active j LEFT JOIN unnest($1::text[], $2::text[], $3::int8[]) AS b(typ
 WHERE j.state = 'QUEUED'
 GROUP BY j.type, j.fairness_key)sql"};
 
-// Batch writes find their rows one request at a time (`req` CROSS JOIN LATERAL a lookup by id),
-// then change what they found by its tuple id (a TID scan: no second index probe). That shape
-// can only be planned as one primary-key probe per request, whatever the table's statistics
-// say. A plain join of the requests with the table is
-// planned from statistics that trail a table growing fast (a queue filling faster than
-// autovacuum analyzes it): it then hashes every queued row per statement. The change repeats
-// the state and attempt test, so a row that moved on in between is left alone (PostgreSQL
-// re-tests a row changed by a concurrent transaction before it writes it, following it to its
-// newest version); only the claim locks what it finds, to skip rows that other sessions hold,
-// and a row it has locked keeps its tuple id.
-//
-// $1 ids, $2 attempts, $3 worker ids: parallel arrays, one element per claim. Rows locked by
-// another session are skipped; a row whose state or attempt moved on does not match. $4 epoch.
-constexpr Statement kClaim{"claim", "WITH " DISPATCHD_PG_FENCE(4) R"sql(, req AS (
-  SELECT * FROM unnest($1::text[], $2::int4[], $3::text[]) AS r(id, attempt, worker_id)
-), c AS (
-  SELECT j.ctid AS tid, req.worker_id FROM req CROSS JOIN LATERAL (
-    SELECT ctid FROM jobs_active
-    WHERE id = req.id AND attempt = req.attempt AND state = 'QUEUED'
-    FOR UPDATE SKIP LOCKED
-  ) j
-  WHERE EXISTS (SELECT 1 FROM fence)
-)
-UPDATE jobs_active SET state = 'DISPATCHED', worker_id = c.worker_id, dispatched_at = now(),
-                       updated_at = now()
-FROM c WHERE jobs_active.ctid = ANY(ARRAY(SELECT tid FROM c)) AND jobs_active.ctid = c.tid
-RETURNING jobs_active.id, jobs_active.payload)sql"};
-
-// $1 id, $2 attempt, $3 worker id. DISPATCHED at attempt-1 (accept) or RUNNING at attempt
-// (re-attach); started_at is set on accept only. $4 epoch.
-constexpr Statement kMarkRunning{"mark_running", "WITH " DISPATCHD_PG_FENCE(4) R"sql(
-UPDATE jobs_active SET state = 'RUNNING', attempt = $2::int4, worker_id = $3,
-                started_at = CASE WHEN state = 'DISPATCHED' THEN now() ELSE started_at END,
-                updated_at = now()
-WHERE id = $1 AND ((state = 'DISPATCHED' AND attempt = $2::int4 - 1) OR
-                   (state = 'RUNNING' AND attempt = $2::int4))
-  AND EXISTS (SELECT 1 FROM fence))sql"};
-
-// Many kMarkRunning in one statement: $1 ids, $2 attempts, $3 worker ids (parallel arrays), $4
-// epoch. Returns the ids marked.
-constexpr Statement kMarkRunningMany{"mark_running_many",
-                                     "WITH " DISPATCHD_PG_FENCE(4) R"sql(, req AS (
-  SELECT * FROM unnest($1::text[], $2::int4[], $3::text[]) AS r(id, attempt, worker_id)
-), hit AS (
-  SELECT j.ctid AS tid, req.* FROM req CROSS JOIN LATERAL (
-    SELECT ctid FROM jobs_active WHERE id = req.id
-  ) j
-  WHERE EXISTS (SELECT 1 FROM fence)
-)
-UPDATE jobs_active
-SET state = 'RUNNING', attempt = hit.attempt, worker_id = hit.worker_id,
-    started_at = CASE WHEN jobs_active.state = 'DISPATCHED' THEN now()
-                      ELSE jobs_active.started_at END,
-    updated_at = now()
-FROM hit
-WHERE jobs_active.ctid = ANY(ARRAY(SELECT tid FROM hit)) AND jobs_active.id = hit.id
-  AND ((jobs_active.state = 'DISPATCHED' AND jobs_active.attempt = hit.attempt - 1) OR
-       (jobs_active.state = 'RUNNING' AND jobs_active.attempt = hit.attempt))
-RETURNING jobs_active.id)sql"};
-
 // $1 id, $2 attempt, $3 epoch.
 constexpr Statement kReturnToQueue{"return_to_queue", "WITH " DISPATCHD_PG_FENCE(3) R"sql(
 UPDATE jobs_active SET state = 'QUEUED', worker_id = '', updated_at = now()
@@ -320,27 +260,101 @@ constexpr Statement kFinish{"finish", "WITH " DISPATCHD_PG_FENCE(6) R"sql(, move
 )
 )sql" DISPATCHD_PG_INSERT_DONE("$3", "$2::int4", "$4::bytea", "$5")};
 
-// Many kFinish in one statement: $1 ids, $2 attempts, $3 terminal states, $4 results (hex, so
-// that a text array carries any bytes), $5 errors (parallel arrays), $6 epoch. Returns the ids
-// finished.
-constexpr Statement kFinishMany{"finish_many", "WITH " DISPATCHD_PG_FENCE(6) R"sql(, req AS (
-  SELECT * FROM unnest($1::text[], $2::int4[], $3::text[], $4::text[], $5::text[])
-    AS r(id, attempt, state, result_hex, error)
-), hit AS (
-  SELECT j.ctid AS tid, req.* FROM req CROSS JOIN LATERAL (
-    SELECT ctid FROM jobs_active WHERE id = req.id
-  ) j
-  WHERE EXISTS (SELECT 1 FROM fence)
-), moved AS (
-  DELETE FROM jobs_active j USING hit
-  WHERE j.ctid = ANY(ARRAY(SELECT tid FROM hit)) AND j.id = hit.id
-    AND ((j.state = 'RUNNING' AND j.attempt = hit.attempt) OR
-         (j.state = 'DISPATCHED' AND j.attempt = hit.attempt - 1))
-  RETURNING j.*, hit.state AS new_state, hit.attempt AS new_attempt, hit.result_hex,
-            hit.error AS new_error
-)
-)sql" DISPATCHD_PG_INSERT_DONE("m.new_state", "m.new_attempt", "decode(m.result_hex, 'hex')",
-                               "m.new_error") " RETURNING id"};
+// $1 id, $2 attempt, $3 worker id. DISPATCHED at attempt-1 (accept) or RUNNING at attempt
+// (re-attach); started_at is set on accept only. $4 epoch.
+constexpr Statement kMarkRunning{"mark_running", "WITH " DISPATCHD_PG_FENCE(4) R"sql(
+UPDATE jobs_active SET state = 'RUNNING', attempt = $2::int4, worker_id = $3,
+                started_at = CASE WHEN state = 'DISPATCHED' THEN now() ELSE started_at END,
+                updated_at = now()
+WHERE id = $1 AND ((state = 'DISPATCHED' AND attempt = $2::int4 - 1) OR
+                   (state = 'RUNNING' AND attempt = $2::int4))
+  AND EXISTS (SELECT 1 FROM fence))sql"};
+
+// Batch writes find their rows one request at a time (`req` CROSS JOIN LATERAL a lookup by id),
+// then change what they found by its tuple id (a TID scan: no second index probe). That shape
+// can only be planned as one primary-key probe per request, whatever the table's statistics
+// say. A plain join of the requests with the table is planned from statistics that trail a
+// table growing fast (a queue filling faster than autovacuum analyzes it): it then hashes every
+// queued row per statement. The change repeats the state and attempt test, so a row that moved
+// on in between is left alone (PostgreSQL re-tests a row changed by a concurrent transaction
+// before it writes it, following it to its newest version); only the claim locks what it finds,
+// to skip rows that other sessions hold, and a row it has locked keeps its tuple id.
+//
+// The three batch writes of a dispatcher turn, as CTEs over parallel arrays (`$a`... name the
+// parameters), each after `fence` (DISPATCHD_PG_FENCE): FinishMany, MarkRunningMany and Claim
+// run one alone, WriteTurn all three in one statement.
+//
+// Finishes: ids $a, attempts $b, terminal states $c, results $d (hex, so that a text array
+// carries any bytes), errors $e. `done` holds the ids finished.
+#define DISPATCHD_PG_FINISHES(a, b, c, d, e)                                                  \
+  "f_req AS (SELECT * FROM unnest($" #a "::text[], $" #b "::int4[], $" #c "::text[], $" #d   \
+  "::text[], $" #e "::text[]) AS r(id, attempt, state, result_hex, error)), "                 \
+  "f_hit AS (SELECT j.ctid AS tid, f_req.* FROM f_req CROSS JOIN LATERAL ("                   \
+  "SELECT ctid FROM jobs_active WHERE id = f_req.id) j WHERE EXISTS (SELECT 1 FROM fence)), " \
+  "moved AS (DELETE FROM jobs_active j USING f_hit "                                          \
+  "WHERE j.ctid = ANY(ARRAY(SELECT tid FROM f_hit)) AND j.id = f_hit.id "                     \
+  "AND ((j.state = 'RUNNING' AND j.attempt = f_hit.attempt) OR "                              \
+  "(j.state = 'DISPATCHED' AND j.attempt = f_hit.attempt - 1)) "                              \
+  "RETURNING j.*, f_hit.state AS new_state, f_hit.attempt AS new_attempt, f_hit.result_hex, " \
+  "f_hit.error AS new_error), "                                                               \
+  "done AS (" DISPATCHD_PG_INSERT_DONE("m.new_state", "m.new_attempt",                        \
+                                       "decode(m.result_hex, 'hex')", "m.new_error")         \
+  " RETURNING id)"
+// RUNNING marks (kMarkRunning for each): ids $a, attempts $b, worker ids $c. `marked` holds the
+// ids marked.
+#define DISPATCHD_PG_MARKS(a, b, c)                                                           \
+  "m_req AS (SELECT * FROM unnest($" #a "::text[], $" #b "::int4[], $" #c "::text[]) "        \
+  "AS r(id, attempt, worker_id)), "                                                           \
+  "m_hit AS (SELECT j.ctid AS tid, m_req.* FROM m_req CROSS JOIN LATERAL ("                   \
+  "SELECT ctid FROM jobs_active WHERE id = m_req.id) j WHERE EXISTS (SELECT 1 FROM fence)), " \
+  "marked AS (UPDATE jobs_active SET state = 'RUNNING', attempt = m_hit.attempt, "            \
+  "worker_id = m_hit.worker_id, started_at = CASE WHEN jobs_active.state = 'DISPATCHED' "     \
+  "THEN now() ELSE jobs_active.started_at END, updated_at = now() FROM m_hit "                \
+  "WHERE jobs_active.ctid = ANY(ARRAY(SELECT tid FROM m_hit)) AND jobs_active.id = m_hit.id " \
+  "AND ((jobs_active.state = 'DISPATCHED' AND jobs_active.attempt = m_hit.attempt - 1) OR "   \
+  "(jobs_active.state = 'RUNNING' AND jobs_active.attempt = m_hit.attempt)) "                 \
+  "RETURNING jobs_active.id)"
+// Claims: ids $a, attempts $b (attempts started so far, as the caller last saw them), worker ids
+// $c. Rows locked by another session are skipped; a row whose state or attempt moved on does not
+// match. `claimed` holds the ids claimed and their payloads.
+#define DISPATCHD_PG_CLAIMS(a, b, c)                                                          \
+  "c_req AS (SELECT * FROM unnest($" #a "::text[], $" #b "::int4[], $" #c "::text[]) "        \
+  "AS r(id, attempt, worker_id)), "                                                           \
+  "c_hit AS (SELECT j.ctid AS tid, c_req.worker_id FROM c_req CROSS JOIN LATERAL ("           \
+  "SELECT ctid FROM jobs_active WHERE id = c_req.id AND attempt = c_req.attempt "             \
+  "AND state = 'QUEUED' FOR UPDATE SKIP LOCKED) j WHERE EXISTS (SELECT 1 FROM fence)), "      \
+  "claimed AS (UPDATE jobs_active SET state = 'DISPATCHED', worker_id = c_hit.worker_id, "    \
+  "dispatched_at = now(), updated_at = now() FROM c_hit "                                     \
+  "WHERE jobs_active.ctid = ANY(ARRAY(SELECT tid FROM c_hit)) "                               \
+  "AND jobs_active.ctid = c_hit.tid RETURNING jobs_active.id, jobs_active.payload)"
+
+// $1..$5 the finishes, $6 epoch. Returns the ids finished.
+constexpr Statement kFinishMany{"finish_many", "WITH " DISPATCHD_PG_FENCE(6) ", "
+                                               DISPATCHD_PG_FINISHES(1, 2, 3, 4, 5)
+                                               " SELECT id FROM done"};
+
+// $1..$3 the marks, $4 epoch. Returns the ids marked.
+constexpr Statement kMarkRunningMany{"mark_running_many", "WITH " DISPATCHD_PG_FENCE(4) ", "
+                                                          DISPATCHD_PG_MARKS(1, 2, 3)
+                                                          " SELECT id FROM marked"};
+
+// $1..$3 the claims, $4 epoch. Returns the ids claimed and their payloads.
+constexpr Statement kClaim{"claim", "WITH " DISPATCHD_PG_FENCE(4) ", " DISPATCHD_PG_CLAIMS(1, 2, 3)
+                                    " SELECT id, payload FROM claimed"};
+
+// A whole turn in one statement, so one round trip and one commit (the rows of the three kinds
+// are disjoint, which data-modifying CTEs of one statement need): $1..$5 the finishes, $6..$8
+// the marks, $9..$11 the claims, $12 epoch. Returns (kind, id, payload): 'f' finished, 'm'
+// marked, 'c' claimed (with its payload).
+constexpr Statement kWriteTurn{
+    "write_turn", "WITH " DISPATCHD_PG_FENCE(12) ", " DISPATCHD_PG_FINISHES(1, 2, 3, 4, 5) ", "
+        DISPATCHD_PG_MARKS(6, 7, 8) ", " DISPATCHD_PG_CLAIMS(9, 10, 11)
+        " SELECT 'f', id, NULL::bytea FROM done UNION ALL SELECT 'm', id, NULL FROM marked "
+        "UNION ALL SELECT 'c', id, payload FROM claimed"};
+
+#undef DISPATCHD_PG_FINISHES
+#undef DISPATCHD_PG_MARKS
+#undef DISPATCHD_PG_CLAIMS
 
 // $1 id, $2 reason. The job as cancelled, and the state it was cancelled from (kColSeq + 1).
 constexpr Statement kCancel{"cancel", R"sql(
@@ -420,6 +434,7 @@ constexpr Statement kAllStatements[] = {
     kRetry,
     kFinish,
     kFinishMany,
+    kWriteTurn,
     kCancel,
     kDoneState,
     kExpireOverdue,
@@ -1236,20 +1251,53 @@ absl::StatusOr<std::vector<QueueCount>> PgJobStore::CountQueued(
 
 namespace {
 
-// Runs kClaim, kMarkRunningMany or kFinishMany in `txn`; the ids that changed (and for claims,
-// if `payloads` is not null, their payloads).
+// The parameters of the marks' or claims' arrays: ids, attempts, worker ids.
+struct BatchColumns {
+  std::string ids, attempts, workers;
+
+  template <typename Request>
+  explicit BatchColumns(const std::vector<Request>& reqs) {
+    std::vector<std::string> id, worker;
+    std::vector<int32_t> attempt;
+    for (const Request& r : reqs) {
+      id.push_back(r.job_id);
+      attempt.push_back(r.attempt);
+      worker.push_back(r.worker_id);
+    }
+    ids = TextArrayLiteral(id);
+    attempts = IntArrayLiteral(attempt);
+    workers = TextArrayLiteral(worker);
+  }
+};
+
+// The parameters of the finishes' arrays.
+struct FinishColumns {
+  std::string ids, attempts, states, results, errors;
+
+  explicit FinishColumns(const std::vector<FinishRequest>& reqs) {
+    std::vector<std::string> id, state, result, error;
+    std::vector<int32_t> attempt;
+    for (const FinishRequest& r : reqs) {
+      id.push_back(r.job_id);
+      attempt.push_back(r.attempt);
+      state.emplace_back(job::ToString(r.state));
+      result.push_back(absl::BytesToHexString(r.result));
+      error.push_back(r.error);
+    }
+    ids = TextArrayLiteral(id);
+    attempts = IntArrayLiteral(attempt);
+    states = TextArrayLiteral(state);
+    results = TextArrayLiteral(result);
+    errors = TextArrayLiteral(error);
+  }
+};
+
+// Runs kClaim in `txn`: the ids claimed (and, if `payloads` is not null, their payloads).
 std::vector<std::string> ExecClaims(pqxx::transaction_base& txn,
                                     const std::vector<ClaimRequest>& claims, int64_t epoch,
                                     std::vector<std::string>* payloads) {
-  std::vector<std::string> ids, workers;
-  std::vector<int32_t> attempts;
-  for (const ClaimRequest& c : claims) {
-    ids.push_back(c.job_id);
-    attempts.push_back(c.attempt);
-    workers.push_back(c.worker_id);
-  }
-  pqxx::result rows = txn.exec_prepared(kClaim.name, TextArrayLiteral(ids),
-                                        IntArrayLiteral(attempts), TextArrayLiteral(workers), epoch);
+  const BatchColumns c(claims);
+  pqxx::result rows = txn.exec_prepared(kClaim.name, c.ids, c.attempts, c.workers, epoch);
   if (payloads != nullptr) {
     payloads->clear();
     payloads->reserve(rows.size());
@@ -1260,15 +1308,8 @@ std::vector<std::string> ExecClaims(pqxx::transaction_base& txn,
 
 std::vector<std::string> ExecMarks(pqxx::transaction_base& txn,
                                    const std::vector<MarkRequest>& marks, int64_t epoch) {
-  std::vector<std::string> ids, workers;
-  std::vector<int32_t> attempts;
-  for (const MarkRequest& m : marks) {
-    ids.push_back(m.job_id);
-    attempts.push_back(m.attempt);
-    workers.push_back(m.worker_id);
-  }
-  return Ids(txn.exec_prepared(kMarkRunningMany.name, TextArrayLiteral(ids),
-                               IntArrayLiteral(attempts), TextArrayLiteral(workers), epoch));
+  const BatchColumns m(marks);
+  return Ids(txn.exec_prepared(kMarkRunningMany.name, m.ids, m.attempts, m.workers, epoch));
 }
 
 absl::Status CheckFinishStates(const std::vector<FinishRequest>& reqs) {
@@ -1284,18 +1325,9 @@ absl::Status CheckFinishStates(const std::vector<FinishRequest>& reqs) {
 
 std::vector<std::string> ExecFinishes(pqxx::transaction_base& txn,
                                       const std::vector<FinishRequest>& reqs, int64_t epoch) {
-  std::vector<std::string> ids, states, results, errors;
-  std::vector<int32_t> attempts;
-  for (const FinishRequest& r : reqs) {
-    ids.push_back(r.job_id);
-    attempts.push_back(r.attempt);
-    states.emplace_back(job::ToString(r.state));
-    results.push_back(absl::BytesToHexString(r.result));
-    errors.push_back(r.error);
-  }
-  return Ids(txn.exec_prepared(kFinishMany.name, TextArrayLiteral(ids), IntArrayLiteral(attempts),
-                               TextArrayLiteral(states), TextArrayLiteral(results),
-                               TextArrayLiteral(errors), epoch));
+  const FinishColumns f(reqs);
+  return Ids(txn.exec_prepared(kFinishMany.name, f.ids, f.attempts, f.states, f.results, f.errors,
+                               epoch));
 }
 
 // Runs `exec(txn, epoch)`, a fenced batch write returning the ids it changed, in a statement of
@@ -1415,26 +1447,34 @@ absl::StatusOr<std::vector<std::string>> PgJobStore::FinishMany(
 absl::StatusOr<TurnOutcome> PgJobStore::WriteTurn(const TurnWrites& writes) {
   if (writes.empty()) return TurnOutcome{};
   DISPATCHD_RETURN_IF_ERROR(CheckFinishStates(writes.finishes));
-  return WithConnection(*pool_,
-                        absl::StrCat("write a turn (finish ", writes.finishes.size(), ", mark ",
-                                     writes.marks.size(), ", claim ", writes.claims.size(), ")"),
-                        [&](pqxx::connection& conn) -> absl::StatusOr<TurnOutcome> {
-                          pqxx::work txn(conn);
-                          const int64_t epoch = fence_.load();
-                          TurnOutcome out;
-                          if (!writes.finishes.empty())
-                            out.finished = ExecFinishes(txn, writes.finishes, epoch);
-                          if (!writes.marks.empty())
-                            out.marked = ExecMarks(txn, writes.marks, epoch);
-                          if (!writes.claims.empty())
-                            out.claimed =
-                                ExecClaims(txn, writes.claims, epoch, &out.claimed_payloads);
-                          if (out.finished.empty() && out.marked.empty() && out.claimed.empty()) {
-                            DISPATCHD_RETURN_IF_ERROR(FenceHolds(txn, epoch));
-                          }
-                          txn.commit();
-                          return out;
-                        });
+  const FinishColumns f(writes.finishes);
+  const BatchColumns m(writes.marks), c(writes.claims);
+  return WithConnection(
+      *pool_,
+      absl::StrCat("write a turn (finish ", writes.finishes.size(), ", mark ", writes.marks.size(),
+                   ", claim ", writes.claims.size(), ")"),
+      [&](pqxx::connection& conn) -> absl::StatusOr<TurnOutcome> {
+        // One statement: atomic and durable when it returns, in one round trip.
+        pqxx::nontransaction txn(conn);
+        const int64_t epoch = fence_.load();
+        pqxx::result rows = txn.exec_prepared(
+            kWriteTurn.name, f.ids, f.attempts, f.states, f.results, f.errors, m.ids, m.attempts,
+            m.workers, c.ids, c.attempts, c.workers, epoch);
+        TurnOutcome out;
+        for (const pqxx::row& row : rows) {
+          const std::string kind = TextFromField(row[0]);
+          if (kind == "f") {
+            out.finished.push_back(TextFromField(row[1]));
+          } else if (kind == "m") {
+            out.marked.push_back(TextFromField(row[1]));
+          } else {
+            out.claimed.push_back(TextFromField(row[1]));
+            out.claimed_payloads.push_back(BytesFromField(row[2]));
+          }
+        }
+        if (rows.empty()) DISPATCHD_RETURN_IF_ERROR(FenceHolds(txn, epoch));
+        return out;
+      });
 }
 
 absl::StatusOr<CancelOutcome> PgJobStore::Cancel(const std::string& job_id,
