@@ -18,6 +18,8 @@ PACKAGES=(
   libcpp-httplib-dev libsystemd-dev
   # Tests and benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev
+  # systemd-analyze, to verify the units in deploy/
+  systemd
   # Database server (embedded mode and the test fixture)
   postgresql-15
   # Python SDK

@@ -36,6 +36,7 @@
 #include "server/store/pg_job_store.h"
 #include "server/util/executor.h"
 #include "server/util/log.h"
+#include "server/util/systemd.h"
 
 #ifndef DISPATCHD_VERSION
 #define DISPATCHD_VERSION "unknown"
@@ -222,10 +223,18 @@ int Run(int argc, char** argv) {
   if (!ready_file.empty() && !WriteFileAtomically(ready_file, address + "\n")) {
     log->error("--ready-file: cannot write {}", ready_file);
   }
+  // Under systemd (Type=notify): ready now, and alive as long as its loops keep coming round.
+  server::NotifySystemd(absl::StrCat("READY=1\nSTATUS=serving on ", address));
+  const absl::Duration watchdog_period = server::SystemdWatchdogPeriod();
+  server::Watchdog watchdog(watchdog_period, [&leadership, watchdog_period](std::string* why) {
+    return leadership.MakingProgress(watchdog_period, why);
+  });
 
   int sig = 0;
   sigwait(&signals, &sig);
   log->info("stopping signal={}", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+  server::NotifySystemd("STOPPING=1\nSTATUS=stopping");
+  watchdog.Stop();
   // Stop dispatching and end the worker streams, then stop admitting and let in-flight calls end.
   // Jobs keep their rows; workers reconnect to the next daemon and report what they still run.
   leadership.Stop();

@@ -376,6 +376,7 @@ void Dispatcher::Loop() {
       if (stopping_) return;
       batch.swap(tasks_);
     }
+    last_loop_ns_.store(absl::ToUnixNanos(absl::Now()));
     for (std::function<void()>& task : batch) task();
     const absl::Time now = clock_.TimeNow();
     if (now >= next_sweep_) {

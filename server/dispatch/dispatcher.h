@@ -105,6 +105,10 @@ class Dispatcher {
   // database without the dispatcher hearing of it. Thread-safe.
   int64_t repairs() const { return repairs_.load(); }
 
+  // When the loop last came round (wall time; it comes round at least every 200 ms while it is
+  // not stuck in a task). For the service manager's watchdog. Thread-safe.
+  absl::Time LastLoop() const { return absl::FromUnixNanos(last_loop_ns_.load()); }
+
  private:
   // A transition decided here but not yet written, because the database refused the write.
   enum class Parked { kNo, kSuccess, kFailure };
@@ -263,6 +267,7 @@ class Dispatcher {
   absl::flat_hash_map<std::string, int64_t> unsettled_ ABSL_GUARDED_BY(mu_);
   std::thread loop_;
   std::atomic<int64_t> repairs_{0};
+  std::atomic<int64_t> last_loop_ns_{absl::ToUnixNanos(absl::Now())};
   // Runs the turns' writes (kMaxTurnsInFlight threads), each on a pooled connection of its own.
   std::unique_ptr<server::Executor> writer_;
 

@@ -77,6 +77,23 @@ LeaderInfo Leadership::leader() const {
   return info_;
 }
 
+bool Leadership::MakingProgress(absl::Duration stall, std::string* why) const {
+  const absl::Time now = absl::Now();
+  if (const absl::Duration idle = now - absl::FromUnixNanos(last_round_ns_.load()); idle > stall) {
+    *why = absl::StrCat("the leader election thread has not come round for ",
+                        absl::FormatDuration(idle));
+    return false;
+  }
+  if (std::shared_ptr<dispatch::Dispatcher> d = dispatcher()) {
+    if (const absl::Duration idle = now - d->LastLoop(); idle > stall) {
+      *why = absl::StrCat("the dispatcher loop has not come round for ",
+                          absl::FormatDuration(idle));
+      return false;
+    }
+  }
+  return true;
+}
+
 absl::StatusOr<std::unique_ptr<store::PgLeaderLease>> Leadership::OpenLease() const {
   // A statement on the lease session that takes half a lease fails, and so does the session if
   // the network drops its packets that long: the leader then steps down (LeadTick's watchdog)
@@ -87,6 +104,7 @@ absl::StatusOr<std::unique_ptr<store::PgLeaderLease>> Leadership::OpenLease() co
 
 void Leadership::Loop() {
   while (!Stopping()) {
+    last_round_ns_.store(absl::ToUnixNanos(absl::Now()));
     const absl::Time now = clock_.TimeNow();
     if (lease_ == nullptr) {
       if (now >= next_connect_) {

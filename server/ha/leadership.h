@@ -1,5 +1,6 @@
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -73,6 +74,10 @@ class Leadership {
   // The dispatcher of this daemon's current term; null while it does not lead.
   std::shared_ptr<dispatch::Dispatcher> dispatcher() const ABSL_LOCKS_EXCLUDED(mu_);
   LeaderInfo leader() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether the election thread and, while this daemon leads, the dispatcher loop have both
+  // come round within `stall` (wall time); if not, `*why` names the one that has not. For the
+  // service manager's watchdog: a daemon stuck there is better restarted.
+  bool MakingProgress(absl::Duration stall, std::string* why) const ABSL_LOCKS_EXCLUDED(mu_);
   sched::AdmissionGate& admission() { return admission_; }
 
  private:
@@ -107,6 +112,8 @@ class Leadership {
   std::shared_ptr<dispatch::Dispatcher> dispatcher_ ABSL_GUARDED_BY(mu_);
   LeaderInfo info_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
+  // When the election thread last began a round (wall time), for MakingProgress.
+  std::atomic<int64_t> last_round_ns_{absl::ToUnixNanos(absl::Now())};
 
   // Confined to the election thread (and to Start, before the thread exists).
   std::unique_ptr<store::PgLeaderLease> lease_;

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Checks deploy/'s systemd units with `systemd-analyze verify`: syntax, known directives and values,
+# and that ExecStart's program exists. The units name the installed paths
+# (/usr/local/bin/dispatchd, /usr/local/bin/dispatch-worker); this build's binaries stand in for
+# them, in copies of the units, so the check needs no installation and no running systemd.
+#
+#   tests/deploy/verify_units.sh SOURCE_DIR BUILD_DIR
+#
+# Fails when systemd-analyze is missing (deploy/install-deps.sh installs it), exits non-zero, or
+# prints anything about the units.
+set -euo pipefail
+
+src=${1:?source dir}
+build=$(cd "${2:?build dir}" && pwd)
+command -v systemd-analyze >/dev/null || {
+  echo "verify_units: systemd-analyze not found (apt-get install systemd)" >&2
+  exit 1
+}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+sed "s|/usr/local/bin/dispatchd|$build/server/daemon/dispatchd|g" \
+  "$src/deploy/dispatchd.service" >"$work/dispatchd.service"
+sed "s|/usr/local/bin/dispatch-worker|$build/client/cpp/dispatch-worker|g" \
+  "$src/deploy/dispatch-worker@.service" >"$work/dispatch-worker@.service"
+if grep -h '^ExecStart=/usr/local' "$work"/*.service; then
+  echo "verify_units: an ExecStart path was not replaced" >&2
+  exit 1
+fi
+
+fail=0
+# A template is verified through an instance of it.
+for unit in dispatchd.service dispatch-worker@gpu0.service; do
+  out=$(cd "$work" && SYSTEMD_LOG_LEVEL=notice systemd-analyze verify "$work/$unit" 2>&1) || {
+    echo "verify_units: $unit: systemd-analyze verify failed:" >&2
+    echo "$out" >&2
+    fail=1
+    continue
+  }
+  if grep -E "dispatchd\.service|dispatch-worker@" <<<"$out"; then
+    echo "verify_units: $unit: systemd-analyze verify reported the lines above" >&2
+    fail=1
+    continue
+  fi
+  echo "verify_units: $unit: ok"
+done
+exit "$fail"
