@@ -97,7 +97,8 @@ Client::Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options)
     : options_(options),
       channel_(std::move(channel)),
       jobs_(v1::JobService::NewStub(channel_)),
-      admin_(v1::AdminService::NewStub(channel_)) {}
+      admin_(v1::AdminService::NewStub(channel_)),
+      health_(grpc::health::v1::Health::NewStub(channel_)) {}
 
 void Client::SetDeadline(grpc::ClientContext& context, absl::Duration timeout) {
   if (timeout > kMaxDeadline) timeout = kMaxDeadline;
@@ -182,6 +183,18 @@ absl::StatusOr<v1::StatsResponse> Client::Stats() {
   grpc::Status status = admin_->Stats(&context, v1::StatsRequest(), &response);
   if (!status.ok()) return FromGrpcStatus(status, &context);
   return response;
+}
+
+absl::StatusOr<grpc::health::v1::HealthCheckResponse::ServingStatus> Client::Health(
+    absl::string_view service) {
+  grpc::ClientContext context;
+  SetDeadline(context, options_.default_deadline);
+  grpc::health::v1::HealthCheckRequest request;
+  request.set_service(std::string(service));
+  grpc::health::v1::HealthCheckResponse response;
+  grpc::Status status = health_->Check(&context, request, &response);
+  if (!status.ok()) return FromGrpcStatus(status, &context);
+  return response.status();
 }
 
 absl::StatusOr<v1::ListWorkersResponse> Client::ListWorkers() {

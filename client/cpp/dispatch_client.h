@@ -25,6 +25,7 @@
 
 #include "dispatchd/v1/admin_service.grpc.pb.h"
 #include "dispatchd/v1/job_service.grpc.pb.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 
 namespace dispatchd::client {
 
@@ -90,6 +91,11 @@ class Client {
   // Changes or clears a model's rate limit until the daemon's next config load. INVALID_ARGUMENT
   // for a bad request, NOT_FOUND if no configured type uses the model.
   absl::StatusOr<v1::SetRateLimitResponse> SetRateLimit(const v1::SetRateLimitRequest& request);
+  // The daemon's standard gRPC health status (grpc.health.v1.Health/Check) for `service` ("" for
+  // the whole daemon, or e.g. "dispatchd.v1.JobService"). SERVING while the daemon reaches its
+  // database and, if it leads, its dispatcher runs; NOT_FOUND for a service it does not know.
+  absl::StatusOr<grpc::health::v1::HealthCheckResponse::ServingStatus> Health(
+      absl::string_view service = "");
 
  private:
   Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options);
@@ -100,6 +106,7 @@ class Client {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::JobService::Stub> jobs_;
   std::unique_ptr<v1::AdminService::Stub> admin_;
+  std::unique_ptr<grpc::health::v1::Health::Stub> health_;
 };
 
 }  // namespace dispatchd::client

@@ -4,6 +4,7 @@
 //   dispatchctl --json status 0f3c...
 //   dispatchctl stats
 //   dispatchctl set-rate-limit llama-70b --rpm 30 --burst 5
+//   dispatchctl health
 //
 // Exit codes are listed in kExitCodes below, in --help, and in client/cpp/README.md.
 
@@ -47,12 +48,13 @@ enum ExitCode : int {
   kResourceExhausted = 6,
   kFailedPrecondition = 7,
   kRpcFailed = 8,
+  kNotServing = 9,
 };
 
 constexpr char kExitCodes[] =
     "Exit codes:\n"
     "  0  ok (submit: queued; run/status/watch: the job SUCCEEDED; cancel: the job is now\n"
-    "     CANCELLED; workers/stats/set-rate-limit: ok)\n"
+    "     CANCELLED; workers/stats/set-rate-limit: ok; health: SERVING)\n"
     "  1  the job FAILED\n"
     "  2  usage error, or INVALID_ARGUMENT from the daemon\n"
     "  3  the job was CANCELLED or EXPIRED\n"
@@ -61,6 +63,7 @@ constexpr char kExitCodes[] =
     "  6  RESOURCE_EXHAUSTED: admission refused, try again later (the retry-after is printed)\n"
     "  7  FAILED_PRECONDITION (e.g. cancelling a job that already ended)\n"
     "  8  daemon unreachable, DEADLINE_EXCEEDED, or any other RPC failure\n"
+    "  9  health: the daemon answers but is NOT_SERVING\n"
     "Errors are printed as `dispatchctl: <GRPC_CODE>: <message>` on stderr.";
 
 // ---- Output helpers --------------------------------------------------------------------------
@@ -418,6 +421,20 @@ int CmdWatch(Client& client, const std::string& id, bool json, absl::Duration wa
   return ExitForState(last);
 }
 
+int CmdHealth(Client& client, const std::string& service, bool json) {
+  absl::StatusOr<grpc::health::v1::HealthCheckResponse::ServingStatus> r = client.Health(service);
+  if (!r.ok()) return Fail(r.status());
+  const std::string name = grpc::health::v1::HealthCheckResponse::ServingStatus_Name(*r);
+  if (json) {
+    grpc::health::v1::HealthCheckResponse response;
+    response.set_status(*r);
+    std::cout << ToJson(response) << "\n";
+  } else {
+    std::cout << name << "\n";
+  }
+  return *r == grpc::health::v1::HealthCheckResponse::SERVING ? kOk : kNotServing;
+}
+
 int CmdWorkers(Client& client, bool json) {
   absl::StatusOr<v1::ListWorkersResponse> r = client.ListWorkers();
   if (!r.ok()) return Fail(r.status());
@@ -609,6 +626,14 @@ int Main(int argc, char** argv) {
       "Show queued and running jobs per tier, type, model and fairness key, token buckets,\n"
       "  and why the first job in line of each waits (WAITING-ON); then slot use.\n"
       "  Example: dispatchctl stats   (or dispatchctl --json stats)");
+  std::string health_service;
+  CLI::App* health = app.add_subcommand(
+      "health",
+      "Ask the daemon's standard gRPC health service whether it serves: SERVING while it reaches\n"
+      "  its database and, if it leads, its dispatcher runs; exit 0 if so, 9 if NOT_SERVING.\n"
+      "  Example: dispatchctl health   (or dispatchctl health dispatchd.v1.JobService)");
+  health->add_option("SERVICE", health_service,
+                     "A service, e.g. dispatchd.v1.JobService (default: the whole daemon)");
   RateLimitFlags rate_flags;
   CLI::App* set_rate_limit = app.add_subcommand(
       "set-rate-limit",
@@ -624,7 +649,8 @@ int Main(int argc, char** argv) {
   auto* clear = set_rate_limit->add_flag("--clear", rate_flags.clear, "Remove the limit");
   rpm->excludes(rps);
   clear->excludes(rpm)->excludes(rps)->excludes(burst);
-  for (CLI::App* sub : {submit, run, status, cancel, watch, workers, stats, set_rate_limit}) {
+  for (CLI::App* sub :
+       {submit, run, status, cancel, watch, workers, stats, set_rate_limit, health}) {
     sub->footer(kExitCodes);
   }
 
@@ -655,6 +681,7 @@ int Main(int argc, char** argv) {
   if (workers->parsed()) return CmdWorkers(**client, json);
   if (stats->parsed()) return CmdStats(**client, json);
   if (set_rate_limit->parsed()) return CmdSetRateLimit(**client, rate_flags, json);
+  if (health->parsed()) return CmdHealth(**client, health_service, json);
   return Usage("no command given");
 }
 

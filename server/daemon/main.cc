@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "CLI/CLI.hpp"
@@ -37,6 +38,7 @@
 #include "server/util/executor.h"
 #include "server/util/log.h"
 #include "server/util/systemd.h"
+#include "server/util/ticker.h"
 
 #ifndef DISPATCHD_VERSION
 #define DISPATCHD_VERSION "unknown"
@@ -48,6 +50,10 @@ namespace {
 // Exit codes: 0 clean stop, 1 runtime failure (database, bind), 2 bad command line or config.
 constexpr int kExitFailure = 1;
 constexpr int kExitConfig = 2;
+// How often the gRPC health status is brought up to date, and how long a dispatcher loop may go
+// without coming round before the daemon reports NOT_SERVING.
+constexpr absl::Duration kHealthPeriod = absl::Milliseconds(500);
+constexpr absl::Duration kHealthStall = absl::Seconds(5);
 
 class RealClock final : public Clock {
  public:
@@ -223,6 +229,27 @@ int Run(int argc, char** argv) {
   if (!ready_file.empty() && !WriteFileAtomically(ready_file, address + "\n")) {
     log->error("--ready-file: cannot write {}", ready_file);
   }
+  // The standard gRPC health service: SERVING for the daemon ("") and each of its services while
+  // it reaches its database and, when it leads, its dispatcher loop turns.
+  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+  auto publish_health = [&leadership, health, last = std::optional<bool>()]() mutable {
+    std::string why;
+    const bool serving = leadership.Serving(kHealthStall, &why);
+    if (last == serving) return;
+    for (const char* service : {"", v1::JobService::service_full_name(),
+                                v1::WorkerService::service_full_name(),
+                                v1::AdminService::service_full_name()}) {
+      health->SetServingStatus(service, serving);
+    }
+    if (serving) {
+      server::Log("main")->info("health: SERVING");
+    } else {
+      server::Log("main")->warn("health: NOT_SERVING: {}", why);
+    }
+    last = serving;
+  };
+  server::Ticker health_ticker(kHealthPeriod, std::move(publish_health));
+
   // Under systemd (Type=notify): ready now, and alive as long as its loops keep coming round.
   server::NotifySystemd(absl::StrCat("READY=1\nSTATUS=serving on ", address));
   const absl::Duration watchdog_period = server::SystemdWatchdogPeriod();
@@ -235,6 +262,8 @@ int Run(int argc, char** argv) {
   log->info("stopping signal={}", sig == SIGTERM ? "SIGTERM" : "SIGINT");
   server::NotifySystemd("STOPPING=1\nSTATUS=stopping");
   watchdog.Stop();
+  health_ticker.Stop();
+  health->Shutdown();  // NOT_SERVING from now on, so that probes stop sending work here
   // Stop dispatching and end the worker streams, then stop admitting and let in-flight calls end.
   // Jobs keep their rows; workers reconnect to the next daemon and report what they still run.
   leadership.Stop();

@@ -47,6 +47,7 @@ absl::Status Leadership::Start(std::string address) {
     lease_.reset();
     return absl::UnavailableError("leader election: the database session failed at once");
   }
+  database_ok_.store(true);
   thread_ = std::thread([this] { Loop(); });
   return absl::OkStatus();
 }
@@ -94,6 +95,21 @@ bool Leadership::MakingProgress(absl::Duration stall, std::string* why) const {
   return true;
 }
 
+bool Leadership::Serving(absl::Duration stall, std::string* why) const {
+  if (!database_ok_.load()) {
+    *why = "the database cannot be reached";
+    return false;
+  }
+  if (std::shared_ptr<dispatch::Dispatcher> d = dispatcher()) {
+    if (const absl::Duration idle = absl::Now() - d->LastLoop(); idle > stall) {
+      *why = absl::StrCat("the dispatcher loop has not come round for ",
+                          absl::FormatDuration(idle));
+      return false;
+    }
+  }
+  return true;
+}
+
 absl::StatusOr<std::unique_ptr<store::PgLeaderLease>> Leadership::OpenLease() const {
   // A statement on the lease session that takes half a lease fails, and so does the session if
   // the network drops its packets that long: the leader then steps down (LeadTick's watchdog)
@@ -122,6 +138,7 @@ void Leadership::Loop() {
     }
     bool ok = true;
     if (lease_ != nullptr) ok = epoch_ > 0 ? LeadTick(now) : StandbyTick(now);
+    database_ok_.store(lease_ != nullptr && ok);
     if (!ok) {
       lease_.reset();  // ends the session: a leader's lock goes with it
       next_connect_ = now + kReconnectPause;

@@ -78,6 +78,10 @@ class Leadership {
   // come round within `stall` (wall time); if not, `*why` names the one that has not. For the
   // service manager's watchdog: a daemon stuck there is better restarted.
   bool MakingProgress(absl::Duration stall, std::string* why) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether this daemon can serve: its last election round reached the database, and, while it
+  // leads, its dispatcher loop has come round within `stall`. If not, `*why` says what is wrong.
+  // For the gRPC health service. Thread-safe.
+  bool Serving(absl::Duration stall, std::string* why) const ABSL_LOCKS_EXCLUDED(mu_);
   sched::AdmissionGate& admission() { return admission_; }
 
  private:
@@ -114,6 +118,8 @@ class Leadership {
   std::thread thread_;
   // When the election thread last began a round (wall time), for MakingProgress.
   std::atomic<int64_t> last_round_ns_{absl::ToUnixNanos(absl::Now())};
+  // Whether the last election round reached the database (its session open, its statements ok).
+  std::atomic<bool> database_ok_{false};
 
   // Confined to the election thread (and to Start, before the thread exists).
   std::unique_ptr<store::PgLeaderLease> lease_;

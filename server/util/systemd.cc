@@ -26,39 +26,25 @@ absl::Duration SystemdWatchdogPeriod() {
 }
 
 Watchdog::Watchdog(absl::Duration period, Healthy healthy, Notify notify)
-    : period_(period), healthy_(std::move(healthy)), notify_(std::move(notify)) {
-  if (period_ > absl::ZeroDuration()) {
+    : healthy_(std::move(healthy)),
+      notify_(std::move(notify)),
+      ticker_(period, [this] { Check(); }) {
+  if (period > absl::ZeroDuration()) {
     Log("main")->info("watchdog: a keep-alive every {} while healthy",
-                      absl::FormatDuration(period_));
-    thread_ = std::thread([this] { Run(); });
+                      absl::FormatDuration(period));
   }
 }
 
-Watchdog::~Watchdog() { Stop(); }
-
-void Watchdog::Stop() {
-  {
-    absl::MutexLock l(&mu_);
-    stopping_ = true;
+void Watchdog::Check() {
+  std::string why;
+  const bool healthy = healthy_(&why);
+  if (healthy) {
+    notify_("WATCHDOG=1");
+    if (!was_healthy_) Log("main")->info("watchdog: healthy again, keep-alives resume");
+  } else if (was_healthy_) {
+    Log("main")->warn("watchdog: not feeding the service manager's watchdog: {}", why);
   }
-  if (thread_.joinable()) thread_.join();
-}
-
-void Watchdog::Run() {
-  bool was_healthy = true;
-  while (true) {
-    std::string why;
-    const bool healthy = healthy_(&why);
-    if (healthy) {
-      notify_("WATCHDOG=1");
-      if (!was_healthy) Log("main")->info("watchdog: healthy again, keep-alives resume");
-    } else if (was_healthy) {
-      Log("main")->warn("watchdog: not feeding the service manager's watchdog: {}", why);
-    }
-    was_healthy = healthy;
-    absl::MutexLock l(&mu_);
-    if (mu_.AwaitWithTimeout(absl::Condition(&stopping_), period_)) return;
-  }
+  was_healthy_ = healthy;
 }
 
 }  // namespace dispatchd::server

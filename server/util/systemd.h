@@ -2,12 +2,11 @@
 
 #include <functional>
 #include <string>
-#include <thread>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+
+#include "server/util/ticker.h"
 
 namespace dispatchd::server {
 
@@ -38,21 +37,18 @@ class Watchdog {
   using Notify = std::function<void(absl::string_view state)>;
 
   Watchdog(absl::Duration period, Healthy healthy, Notify notify = NotifySystemd);
-  ~Watchdog();
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
 
-  void Stop() ABSL_LOCKS_EXCLUDED(mu_);
+  void Stop() { ticker_.Stop(); }
 
  private:
-  void Run() ABSL_LOCKS_EXCLUDED(mu_);
+  void Check();
 
-  const absl::Duration period_;
   Healthy healthy_;
   Notify notify_;
-  absl::Mutex mu_;
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread thread_;
+  bool was_healthy_ = true;  // confined to the ticker's thread
+  Ticker ticker_;            // last: its thread uses the members above
 };
 
 }  // namespace dispatchd::server
