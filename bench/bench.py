@@ -105,6 +105,8 @@ class Daemon:
         cfg = os.path.join(self.dir, "dispatchd.yaml")
         lines = [
             "listen: 127.0.0.1:0",
+            "metrics:",
+            "  listen: 127.0.0.1:0",
             f"state_dir: {yaml_str(os.path.join(self.dir, 'state'))}",
             "log_level: warn",
             "max_active: 10000000",

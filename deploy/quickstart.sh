@@ -184,6 +184,9 @@ cat >"$CONFIG" <<YAML
 # dispatchd config written by deploy/quickstart.sh (rewritten on each run).
 # Every key is described in docs/configuration.md; config/dispatchd.yaml is a production example.
 listen: $ADDR
+# Prometheus metrics on any free port: the daemon's log says which (metrics: serving http://...).
+metrics:
+  listen: 127.0.0.1:0
 state_dir: $STATE
 log_level: info
 postgres:

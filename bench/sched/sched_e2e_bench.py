@@ -247,6 +247,8 @@ class Run:
         cfg = os.path.join(self.dir, "dispatchd.yaml")
         lines = [
             "listen: 127.0.0.1:0",
+            "metrics:",
+            "  listen: 127.0.0.1:0",
             f"state_dir: {yaml_str(os.path.join(self.dir, 'state'))}",
             "log_level: info",
             "postgres:",

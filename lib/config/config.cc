@@ -112,6 +112,9 @@ absl::Status Config::Validate() const {
     return Bad("ha.lease",
                absl::StrCat("must be at least 500ms, got ", absl::FormatDuration(ha.lease)));
   }
+  if (!metrics.listen.empty() && !ValidListen(metrics.listen)) {
+    return Bad("metrics.listen", absl::StrCat("want host:port, got \"", metrics.listen, "\""));
+  }
   if (!ha.advertise_address.empty() && !ValidListen(ha.advertise_address)) {
     return Bad("ha.advertise_address",
                absl::StrCat("want host:port, got \"", ha.advertise_address, "\""));

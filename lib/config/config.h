@@ -128,6 +128,13 @@ struct HaConfig {
   std::string advertise_address;
 };
 
+// `metrics:` in the YAML file: the Prometheus endpoint.
+struct MetricsConfig {
+  // HTTP listen address of GET /metrics, host:port (port 0: any free port, logged at start).
+  // Empty: no endpoint.
+  std::string listen = "127.0.0.1:9464";
+};
+
 // The daemon's whole configuration. Defaults sit in the member initializers; Validate() says
 // which key is wrong.
 struct Config {
@@ -157,6 +164,7 @@ struct Config {
   MemoryThrottleConfig memory_throttle;
   OverflowHookConfig overflow_hook;
   HaConfig ha;
+  MetricsConfig metrics;
   std::vector<TierConfig> tiers;
   std::vector<JobTypeConfig> types;
 

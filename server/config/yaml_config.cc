@@ -176,7 +176,7 @@ config::Config ParseRoot(const YAML::Node& root) {
              {"listen", "state_dir", "log_level", "max_payload_bytes", "heartbeat_interval",
               "worker_stale_after", "orphan_grace", "max_active", "idempotency_window",
               "retention", "postgres",
-              "scheduler", "memory_throttle", "overflow_hook", "ha", "tiers", "types"},
+              "scheduler", "memory_throttle", "overflow_hook", "ha", "metrics", "tiers", "types"},
              [&](const std::string& key, const std::string& full, const YAML::Node& v) {
                if (key == "listen") c.listen = String(v, full);
                if (key == "state_dir") c.state_dir = String(v, full);
@@ -220,6 +220,12 @@ config::Config ParseRoot(const YAML::Node& root) {
                             [&](const std::string& k, const std::string& f, const YAML::Node& hv) {
                               if (k == "lease") c.ha.lease = Duration(hv, f);
                               if (k == "advertise_address") c.ha.advertise_address = String(hv, f);
+                            });
+               }
+               if (key == "metrics") {
+                 ForEachKey(v, full, {"listen"},
+                            [&](const std::string& k, const std::string& f, const YAML::Node& mv) {
+                              if (k == "listen") c.metrics.listen = String(mv, f);
                             });
                }
                if (key == "memory_throttle") {

@@ -29,6 +29,8 @@
 #include "server/dispatch/job_events.h"
 #include "server/embedded/embedded_postgres.h"
 #include "server/ha/leadership.h"
+#include "server/metrics/daemon_metrics.h"
+#include "server/metrics/http_server.h"
 #include "server/rpc/admin_service.h"
 #include "server/rpc/job_service.h"
 #include "server/rpc/worker_service.h"
@@ -102,6 +104,47 @@ absl::StatusOr<std::unique_ptr<store::PgJobStore>> ConnectStore(const config::Co
     server::Log("main")->warn("database not reachable yet, retrying: {}", store.status().message());
     absl::SleepFor(absl::Seconds(1));
   }
+}
+
+// Fills the gauges of state from the leader's scheduler and workers on each scrape; a standby
+// reports only that it does not lead.
+void AddMetricsCollectors(const config::Config& config, const ha::Leadership& leadership) {
+  metrics::DaemonMetrics& m = metrics::Metrics();
+  m.registry.AddCollector([&config, &leadership, &m] {
+    for (auto* family : {&m.queued, &m.running, &m.rate_tokens, &m.rate_waiting, &m.slots}) {
+      family->Clear();
+    }
+    m.model_loads.Clear();
+    std::shared_ptr<dispatch::Dispatcher> d = leadership.dispatcher();
+    m.leader.With({}).Set(d != nullptr ? 1 : 0);
+    if (d == nullptr) {
+      m.workers.With({}).Set(0);
+      return;
+    }
+    const sched::SchedulerStats stats = d->SchedulerStats(/*max_keys=*/0);
+    for (const sched::SchedulerStats::Type& t : stats.types) {
+      const config::JobTypeConfig* type = config.FindType(t.name);
+      const metrics::Labels labels = {t.name, type != nullptr ? type->tier : "",
+                                      type != nullptr ? type->model : ""};
+      m.queued.With(labels).Set(static_cast<double>(t.queued));
+      m.running.With(labels).Set(static_cast<double>(t.running));
+    }
+    for (const sched::SchedulerStats::Model& model : stats.models) {
+      if (model.tokens < 0) continue;  // no rate limit
+      m.rate_tokens.With({model.name}).Set(model.tokens);
+      m.rate_waiting.With({model.name}).Set(model.head == sched::WaitReason::kRateLimit ? 1 : 0);
+    }
+    const std::vector<v1::WorkerInfo> workers = d->Workers();
+    int64_t busy = 0, slots = 0;
+    for (const v1::WorkerInfo& w : workers) {
+      busy += w.busy();
+      slots += w.slots();
+      m.model_loads.With({w.worker_id()}).Inc(static_cast<double>(w.model_loads()));
+    }
+    m.workers.With({}).Set(static_cast<double>(workers.size()));
+    m.slots.With({"busy"}).Set(static_cast<double>(busy));
+    m.slots.With({"free"}).Set(static_cast<double>(std::max<int64_t>(slots - busy, 0)));
+  });
 }
 
 int Run(int argc, char** argv) {
@@ -226,6 +269,20 @@ int Run(int argc, char** argv) {
   }
   log->info("serving address={} daemon={} role={}", address, daemon_id,
             leadership.leader().is_leader ? "leader" : "standby");
+  std::unique_ptr<metrics::HttpServer> metrics_server;
+  if (!config.metrics.listen.empty()) {
+    AddMetricsCollectors(config, leadership);
+    absl::StatusOr<std::unique_ptr<metrics::HttpServer>> started =
+        metrics::HttpServer::Start(config.metrics.listen, metrics::Metrics().registry);
+    if (!started.ok()) {
+      log->error("{}", started.status().message());
+      leadership.Stop();
+      server->Shutdown(std::chrono::system_clock::now());
+      return kExitFailure;
+    }
+    metrics_server = *std::move(started);
+    log->info("metrics: serving http://{}/metrics", metrics_server->address());
+  }
   if (!ready_file.empty() && !WriteFileAtomically(ready_file, address + "\n")) {
     log->error("--ready-file: cannot write {}", ready_file);
   }
@@ -264,6 +321,7 @@ int Run(int argc, char** argv) {
   watchdog.Stop();
   health_ticker.Stop();
   health->Shutdown();  // NOT_SERVING from now on, so that probes stop sending work here
+  if (metrics_server != nullptr) metrics_server->Stop();
   // Stop dispatching and end the worker streams, then stop admitting and let in-flight calls end.
   // Jobs keep their rows; workers reconnect to the next daemon and report what they still run.
   leadership.Stop();

@@ -8,6 +8,7 @@
 #include "absl/synchronization/notification.h"
 #include "lib/sched/admission.h"
 #include "server/convert/job_proto.h"
+#include "server/metrics/daemon_metrics.h"
 #include "server/util/log.h"
 
 namespace dispatchd::dispatch {
@@ -40,6 +41,17 @@ constexpr absl::Duration kReconcileSettle = absl::Seconds(5);
 constexpr absl::Duration kRunningMarkDelay = absl::Milliseconds(50);
 
 const char kExpiredError[] = "capacity: no worker took the job before its dispatch deadline";
+
+}  // namespace
+
+namespace {
+
+// An attempt's run time, from the worker's accept to its result, for a job that was accepted.
+void ObserveRun(const job::Job& job, absl::Time now) {
+  if (job.started_at == absl::InfinitePast()) return;
+  metrics::Metrics().run_time.With({job.spec.type}).Observe(
+      absl::ToDoubleSeconds(now - job.started_at));
+}
 
 }  // namespace
 
@@ -521,6 +533,9 @@ void Dispatcher::ApplyClaims(const std::vector<sched::Dispatch>& decisions,
       continue;
     }
     job::Job& j = it->second.job;
+    metrics::Metrics()
+        .queue_wait.With({j.spec.type})
+        .Observe(absl::ToDoubleSeconds(now - std::max(j.created_at, j.spec.not_before)));
     j.state = JobState::kDispatched;
     j.worker_id = d.worker_id;
     v1::Assignment* a = assigns[d.worker_id].mutable_assign()->add_assignments();
@@ -919,6 +934,7 @@ bool Dispatcher::FailAttempt(Entry& entry, int32_t attempt, const std::string& e
     return false;
   }
   unmarked_.erase(job_id);
+  ObserveRun(j, now);
   if (jobs_.erase(job_id) > 0) ++ended_since_publish_;
   if (*done) {
     server::Log("dispatch")->info("failed job={} attempt={} error=\"{}\"", job_id, attempt, error);
@@ -996,7 +1012,14 @@ void Dispatcher::CommitTurn(absl::Time now) {
   for (const store::MarkRequest& m : writes.marks) marking_.insert(m.job_id);
   ++turns_in_flight_;
   writer_->Schedule([this, turn = std::move(turn)]() mutable {
+    const absl::Time start = absl::Now();
     absl::StatusOr<store::TurnOutcome> out = store_.WriteTurn(turn.writes);
+    if (out.ok()) {
+      metrics::DaemonMetrics& m = metrics::Metrics();
+      m.store_rows.With({"turn"}).Observe(static_cast<double>(
+          turn.writes.finishes.size() + turn.writes.marks.size() + turn.writes.claims.size()));
+      m.store_commit.With({"turn"}).Observe(absl::ToDoubleSeconds(absl::Now() - start));
+    }
     Post([this, turn = std::move(turn), out = std::move(out)]() mutable {
       FinishTurn(std::move(turn), std::move(out));
     });
@@ -1120,7 +1143,9 @@ void Dispatcher::TakeDueMarks(absl::Time now, std::vector<store::MarkRequest>* m
 void Dispatcher::ApplyFinishes(const std::vector<ParkedWrite>& written,
                                const std::vector<std::string>& finished_ids) {
   absl::flat_hash_set<std::string> finished(finished_ids.begin(), finished_ids.end());
+  const absl::Time now = clock_.TimeNow();
   for (const ParkedWrite& p : written) {
+    if (auto it = jobs_.find(p.job_id); it != jobs_.end()) ObserveRun(it->second.job, now);
     if (jobs_.erase(p.job_id) > 0) ++ended_since_publish_;
     unmarked_.erase(p.job_id);
     if (finished.contains(p.job_id)) {  // else the row had moved on: nothing to record

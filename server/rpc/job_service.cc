@@ -20,6 +20,7 @@
 #include "lib/sched/admission_gate.h"
 #include "lib/sched/scheduler.h"
 #include "server/convert/job_proto.h"
+#include "server/metrics/daemon_metrics.h"
 #include "server/util/grpc_status.h"
 #include "server/util/log.h"
 
@@ -73,6 +74,7 @@ absl::StatusOr<std::vector<job::Job>> JobServiceImpl::Admit(
       spec = sched::ResolveSpec(config_, *std::move(spec));
     }
     if (!spec.ok()) {
+      metrics::Metrics().refused.With({specs[i]->type(), "invalid"}).Inc();
       // A lone spec's fields are named `spec.type`; a batch's `specs[3].type`.
       absl::string_view message = spec.status().message();
       if (!prefix.empty()) absl::ConsumePrefix(&message, "spec.");
@@ -85,12 +87,18 @@ absl::StatusOr<std::vector<job::Job>> JobServiceImpl::Admit(
   sched::AdmissionGate& gate = leadership_.admission();
   for (size_t i = 0; i < jobs.size(); ++i) {
     if (absl::Status admitted = gate.TryAdmit(jobs[i].spec.type, retry_after); !admitted.ok()) {
+      // The gate's message starts with the limit that refused: max_active or max_queue_depth.
+      const absl::string_view message = admitted.message();
+      metrics::Metrics()
+          .refused.With({jobs[i].spec.type, std::string(message.substr(0, message.find(':')))})
+          .Inc(static_cast<double>(jobs.size()));
       server::Log("grpc")->debug("refused type={} key={}: {}", jobs[i].spec.type,
                                  jobs[i].spec.fairness_key, admitted.message());
       for (size_t j = 0; j < i; ++j) gate.Release(jobs[j].spec.type);
       return admitted;
     }
   }
+  for (const job::Job& job : jobs) metrics::Metrics().admitted.With({job.spec.type}).Inc();
   return jobs;
 }
 

@@ -6,6 +6,8 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/time/clock.h"
+#include "server/metrics/daemon_metrics.h"
 
 namespace dispatchd::store {
 
@@ -107,8 +109,14 @@ absl::Status GroupInserter::InsertTogether(std::vector<Unit>& units) {
       std::move(unit.jobs.begin(), unit.jobs.end(), std::back_inserter(jobs));
     }
   }
+  const absl::Time start = absl::Now();
   absl::StatusOr<std::vector<InsertOutcome>> outcomes =
       store_.InsertMany(jobs, units[0].notify_leader);
+  if (outcomes.ok()) {
+    metrics::DaemonMetrics& m = metrics::Metrics();
+    m.store_rows.With({"insert"}).Observe(static_cast<double>(rows));
+    m.store_commit.With({"insert"}).Observe(absl::ToDoubleSeconds(absl::Now() - start));
+  }
   if (units.size() == 1) {
     units[0].jobs = std::move(jobs);
   } else {

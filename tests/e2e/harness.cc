@@ -210,7 +210,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
       "max_payload_bytes: ", options.max_payload_bytes, "\n",
       "heartbeat_interval: ", options.heartbeat_interval, "\n",
       "worker_stale_after: ", options.worker_stale_after, "\n",
-      "orphan_grace: ", options.orphan_grace, "\n", "postgres:\n", "  url: \"",
+      "orphan_grace: ", options.orphan_grace, "\n", "metrics:\n", "  listen: 127.0.0.1:0\n",
+      "postgres:\n", "  url: \"",
       options.postgres_url, "\"\n", "  connect_wait: 2s\n", "types:\n");
   for (const TypeSpec& t : options.types) {
     absl::StrAppend(&yaml, "  - name: ", t.name, "\n");
@@ -224,6 +225,23 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   std::ofstream(d->config_path_) << yaml;
   if (absl::Status s = d->Launch(); !s.ok()) return s;
   return d;
+}
+
+std::string Daemon::MetricsAddress() {
+  const std::string kMarker = "metrics: serving http://";
+  std::string address;
+  WaitFor(
+      [&] {
+        const std::string log = process_->Log();
+        // The latest start's line (a restarted daemon logs its own).
+        const size_t at = log.rfind(kMarker);
+        if (at == std::string::npos) return false;
+        const size_t from = at + kMarker.size();
+        address = log.substr(from, log.find("/metrics", from) - from);
+        return true;
+      },
+      absl::Seconds(10));
+  return address;
 }
 
 absl::Status Daemon::Launch() {

@@ -130,6 +130,10 @@ class Daemon {
   bool WaitForTerminal(const std::vector<std::string>& ids, std::vector<v1::Job>* out,
                        absl::Duration timeout);
 
+  // host:port of its Prometheus endpoint (the harness asks for any free port), read from its
+  // log; empty if it has not logged one within 10 s.
+  std::string MetricsAddress();
+
   // Runs dispatchctl against this daemon.
   CommandResult Ctl(std::vector<std::string> args, absl::Duration timeout = absl::Seconds(60));
 
