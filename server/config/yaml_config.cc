@@ -4,14 +4,17 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <optional>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/types/span.h"
 #include "yaml-cpp/yaml.h"
 
 namespace dispatchd::server {
@@ -71,16 +74,62 @@ absl::Duration Duration(const YAML::Node& node, const std::string& key) {
   return d;
 }
 
+// The keys each mapping may hold: the parser refuses others, and KnownConfigKeys lists them.
+constexpr absl::string_view kTopKeys[] = {"listen",
+                                          "state_dir",
+                                          "log_level",
+                                          "max_payload_bytes",
+                                          "heartbeat_interval",
+                                          "worker_stale_after",
+                                          "orphan_grace",
+                                          "max_active",
+                                          "idempotency_window",
+                                          "retention",
+                                          "postgres",
+                                          "scheduler",
+                                          "memory_throttle",
+                                          "overflow_hook",
+                                          "ha",
+                                          "metrics",
+                                          "tiers",
+                                          "types"};
+constexpr absl::string_view kPostgresKeys[] = {"url", "pool_size", "embedded_user", "bin_dir",
+                                               "connect_wait"};
+constexpr absl::string_view kSchedulerKeys[] = {"policy", "cost_alpha", "key_ttl", "queue_window"};
+constexpr absl::string_view kOverflowHookKeys[] = {"command", "interval", "timeout"};
+constexpr absl::string_view kHaKeys[] = {"lease", "advertise_address"};
+constexpr absl::string_view kMetricsKeys[] = {"listen"};
+constexpr absl::string_view kMemoryThrottleKeys[] = {"ram_percent", "ram_resume_percent",
+                                                     "gpu_percent", "gpu_resume_percent"};
+constexpr absl::string_view kTierKeys[] = {"name", "value"};
+constexpr absl::string_view kTypeKeys[] = {"name",
+                                           "max_concurrency",
+                                           "max_attempts",
+                                           "timeout",
+                                           "retry_backoff",
+                                           "max_backoff",
+                                           "on_orphan",
+                                           "model",
+                                           "tier",
+                                           "conflict_group",
+                                           "default_cost",
+                                           "vram_gb",
+                                           "rpm",
+                                           "rps",
+                                           "burst",
+                                           "max_queue_depth",
+                                           "max_affinity_wait"};
+
 // Calls `fn(key, value)` for each entry of a mapping, refusing keys not in `allowed`.
 template <typename Fn>
 void ForEachKey(const YAML::Node& map, const std::string& path,
-                const std::vector<std::string>& allowed, Fn fn) {
+                absl::Span<const absl::string_view> allowed, Fn fn) {
   if (!map.IsMap()) Fail(map, path.empty() ? "(top level)" : path, "want a mapping of keys");
   for (const auto& entry : map) {
     std::string key = entry.first.as<std::string>();
     std::string full = path.empty() ? key : absl::StrCat(path, ".", key);
     bool known = false;
-    for (const std::string& a : allowed) known |= (a == key);
+    for (absl::string_view a : allowed) known |= (a == key);
     if (!known) {
       Fail(entry.first, full, absl::StrCat("unknown key (known here: ", absl::StrJoin(allowed, ", "), ")"));
     }
@@ -91,7 +140,7 @@ void ForEachKey(const YAML::Node& map, const std::string& path,
 config::TierConfig ParseTier(const YAML::Node& node, const std::string& path) {
   config::TierConfig tier;
   bool has_value = false;
-  ForEachKey(node, path, {"name", "value"},
+  ForEachKey(node, path, kTierKeys,
              [&](const std::string& key, const std::string& full, const YAML::Node& v) {
                if (key == "name") tier.name = String(v, full);
                if (key == "value") {
@@ -110,10 +159,7 @@ config::JobTypeConfig ParseType(const YAML::Node& node, const std::string& path)
   // Rate keys are checked together after the loop: rpm and rps are two spellings of one rate.
   // Set with emplace(): YAML::Node's operator= would write into the document.
   std::optional<YAML::Node> rpm, rps, burst;
-  ForEachKey(node, path,
-             {"name", "max_concurrency", "max_attempts", "timeout", "retry_backoff", "max_backoff",
-              "on_orphan", "model", "tier", "conflict_group", "default_cost", "vram_gb", "rpm",
-              "rps", "burst", "max_queue_depth", "max_affinity_wait"},
+  ForEachKey(node, path, kTypeKeys,
              [&](const std::string& key, const std::string& full, const YAML::Node& v) {
                if (key == "name") t.name = String(v, full);
                if (key == "max_concurrency") t.max_concurrency = IntInRange(v, full);
@@ -172,11 +218,7 @@ config::JobTypeConfig ParseType(const YAML::Node& node, const std::string& path)
 config::Config ParseRoot(const YAML::Node& root) {
   config::Config c;
   if (root.IsNull()) return c;
-  ForEachKey(root, "",
-             {"listen", "state_dir", "log_level", "max_payload_bytes", "heartbeat_interval",
-              "worker_stale_after", "orphan_grace", "max_active", "idempotency_window",
-              "retention", "postgres",
-              "scheduler", "memory_throttle", "overflow_hook", "ha", "metrics", "tiers", "types"},
+  ForEachKey(root, "", kTopKeys,
              [&](const std::string& key, const std::string& full, const YAML::Node& v) {
                if (key == "listen") c.listen = String(v, full);
                if (key == "state_dir") c.state_dir = String(v, full);
@@ -189,7 +231,7 @@ config::Config ParseRoot(const YAML::Node& root) {
                if (key == "idempotency_window") c.idempotency_window = Duration(v, full);
                if (key == "retention") c.retention = Duration(v, full);
                if (key == "postgres") {
-                 ForEachKey(v, full, {"url", "pool_size", "embedded_user", "bin_dir", "connect_wait"},
+                 ForEachKey(v, full, kPostgresKeys,
                             [&](const std::string& k, const std::string& f, const YAML::Node& pv) {
                               if (k == "url") c.postgres.url = String(pv, f);
                               if (k == "pool_size") c.postgres.pool_size = IntInRange(pv, f);
@@ -199,7 +241,7 @@ config::Config ParseRoot(const YAML::Node& root) {
                             });
                }
                if (key == "scheduler") {
-                 ForEachKey(v, full, {"policy", "cost_alpha", "key_ttl", "queue_window"},
+                 ForEachKey(v, full, kSchedulerKeys,
                             [&](const std::string& k, const std::string& f, const YAML::Node& sv) {
                               if (k == "policy") c.scheduler.policy = String(sv, f);
                               if (k == "cost_alpha") c.scheduler.cost_alpha = Number(sv, f);
@@ -208,7 +250,7 @@ config::Config ParseRoot(const YAML::Node& root) {
                             });
                }
                if (key == "overflow_hook") {
-                 ForEachKey(v, full, {"command", "interval", "timeout"},
+                 ForEachKey(v, full, kOverflowHookKeys,
                             [&](const std::string& k, const std::string& f, const YAML::Node& hv) {
                               if (k == "command") c.overflow_hook.command = String(hv, f);
                               if (k == "interval") c.overflow_hook.interval = Duration(hv, f);
@@ -216,23 +258,21 @@ config::Config ParseRoot(const YAML::Node& root) {
                             });
                }
                if (key == "ha") {
-                 ForEachKey(v, full, {"lease", "advertise_address"},
+                 ForEachKey(v, full, kHaKeys,
                             [&](const std::string& k, const std::string& f, const YAML::Node& hv) {
                               if (k == "lease") c.ha.lease = Duration(hv, f);
                               if (k == "advertise_address") c.ha.advertise_address = String(hv, f);
                             });
                }
                if (key == "metrics") {
-                 ForEachKey(v, full, {"listen"},
+                 ForEachKey(v, full, kMetricsKeys,
                             [&](const std::string& k, const std::string& f, const YAML::Node& mv) {
                               if (k == "listen") c.metrics.listen = String(mv, f);
                             });
                }
                if (key == "memory_throttle") {
                  config::MemoryThrottleConfig& m = c.memory_throttle;
-                 ForEachKey(v, full,
-                            {"ram_percent", "ram_resume_percent", "gpu_percent",
-                             "gpu_resume_percent"},
+                 ForEachKey(v, full, kMemoryThrottleKeys,
                             [&](const std::string& k, const std::string& f, const YAML::Node& mv) {
                               if (k == "ram_percent") m.ram_percent = Number(mv, f);
                               if (k == "ram_resume_percent") m.ram_resume_percent = Number(mv, f);
@@ -330,6 +370,23 @@ absl::StatusOr<config::Config> LoadConfigFile(const std::string& path) {
   std::stringstream text;
   text << in.rdbuf();
   return ParseConfig(text.str(), path);
+}
+
+std::vector<std::string> KnownConfigKeys() {
+  std::vector<std::string> keys(std::begin(kTopKeys), std::end(kTopKeys));
+  const std::pair<absl::string_view, absl::Span<const absl::string_view>> sections[] = {
+      {"postgres", kPostgresKeys},
+      {"scheduler", kSchedulerKeys},
+      {"memory_throttle", kMemoryThrottleKeys},
+      {"overflow_hook", kOverflowHookKeys},
+      {"ha", kHaKeys},
+      {"metrics", kMetricsKeys},
+      {"tiers[]", kTierKeys},
+      {"types[]", kTypeKeys}};
+  for (const auto& [section, names] : sections) {
+    for (absl::string_view name : names) keys.push_back(absl::StrCat(section, ".", name));
+  }
+  return keys;
 }
 
 }  // namespace dispatchd::server

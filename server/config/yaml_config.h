@@ -1,6 +1,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -15,5 +16,9 @@ absl::StatusOr<config::Config> LoadConfigFile(const std::string& path);
 
 // As LoadConfigFile, from text; `name` stands for the file in messages.
 absl::StatusOr<config::Config> ParseConfig(absl::string_view yaml, absl::string_view name);
+
+// Every key the parser reads, in full: `listen`, `postgres.url`, ..., `tiers[].name`,
+// `types[].rpm`. docs/configuration.md documents exactly these (a test compares them).
+std::vector<std::string> KnownConfigKeys();
 
 }  // namespace dispatchd::server
