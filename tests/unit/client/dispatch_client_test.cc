@@ -8,6 +8,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
@@ -293,6 +294,24 @@ TEST(DispatchctlNoDaemonTest, UnreachableDaemonExitsEight) {
                      tmp.path() + "/ctl");
   EXPECT_EQ(p.Wait(absl::Seconds(10)), 8);
   EXPECT_THAT(p.err(), ::testing::StartsWith("dispatchctl: UNAVAILABLE: "));
+}
+
+// Every subcommand's help carries a runnable example of itself, and the top-level help lists
+// every subcommand with its example.
+TEST(DispatchctlNoDaemonTest, EverySubcommandsHelpShowsAnExample) {
+  fake::TempDir tmp;
+  fake::Subprocess top({DISPATCHCTL_BIN, "--help"}, tmp.path() + "/help");
+  ASSERT_EQ(top.Wait(absl::Seconds(10)), 0);
+  const std::string top_help = top.out();
+  for (const char* sub : {"submit", "run", "status", "cancel", "watch", "workers", "stats",
+                          "health", "set-rate-limit"}) {
+    EXPECT_THAT(top_help, ::testing::HasSubstr(absl::StrCat("\n  ", sub, " "))) << sub;
+    fake::Subprocess help({DISPATCHCTL_BIN, sub, "--help"}, tmp.path() + "/help-" + sub);
+    ASSERT_EQ(help.Wait(absl::Seconds(10)), 0) << sub;
+    EXPECT_THAT(help.out(), ::testing::ContainsRegex(absl::StrCat("Example: dispatchctl .*", sub)))
+        << sub << ":\n" << help.out();
+    EXPECT_THAT(help.out(), ::testing::HasSubstr("Exit codes:")) << sub;
+  }
 }
 
 }  // namespace
