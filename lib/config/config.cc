@@ -249,4 +249,52 @@ const JobTypeConfig* Config::FindType(absl::string_view name) const {
   return nullptr;
 }
 
+Config MergeReload(const Config& running, const Config& loaded,
+                   std::vector<std::string>* restart_only) {
+  const auto differs = [restart_only](const char* key, const auto& a, const auto& b) {
+    if (!(a == b)) restart_only->push_back(key);
+  };
+  differs("listen", running.listen, loaded.listen);
+  differs("state_dir", running.state_dir, loaded.state_dir);
+  differs("max_payload_bytes", running.max_payload_bytes, loaded.max_payload_bytes);
+  differs("heartbeat_interval", running.heartbeat_interval, loaded.heartbeat_interval);
+  differs("worker_stale_after", running.worker_stale_after, loaded.worker_stale_after);
+  differs("orphan_grace", running.orphan_grace, loaded.orphan_grace);
+  differs("idempotency_window", running.idempotency_window, loaded.idempotency_window);
+  differs("retention", running.retention, loaded.retention);
+  differs("postgres.url", running.postgres.url, loaded.postgres.url);
+  differs("postgres.pool_size", running.postgres.pool_size, loaded.postgres.pool_size);
+  differs("postgres.embedded_user", running.postgres.embedded_user,
+          loaded.postgres.embedded_user);
+  differs("postgres.bin_dir", running.postgres.bin_dir, loaded.postgres.bin_dir);
+  differs("postgres.connect_wait", running.postgres.connect_wait, loaded.postgres.connect_wait);
+  differs("scheduler.queue_window", running.scheduler.queue_window,
+          loaded.scheduler.queue_window);
+  differs("memory_throttle.ram_percent", running.memory_throttle.ram_percent,
+          loaded.memory_throttle.ram_percent);
+  differs("memory_throttle.ram_resume_percent", running.memory_throttle.ram_resume_percent,
+          loaded.memory_throttle.ram_resume_percent);
+  differs("memory_throttle.gpu_percent", running.memory_throttle.gpu_percent,
+          loaded.memory_throttle.gpu_percent);
+  differs("memory_throttle.gpu_resume_percent", running.memory_throttle.gpu_resume_percent,
+          loaded.memory_throttle.gpu_resume_percent);
+  differs("overflow_hook.command", running.overflow_hook.command, loaded.overflow_hook.command);
+  differs("overflow_hook.interval", running.overflow_hook.interval,
+          loaded.overflow_hook.interval);
+  differs("overflow_hook.timeout", running.overflow_hook.timeout, loaded.overflow_hook.timeout);
+  differs("ha.lease", running.ha.lease, loaded.ha.lease);
+  differs("ha.advertise_address", running.ha.advertise_address, loaded.ha.advertise_address);
+  differs("metrics.listen", running.metrics.listen, loaded.metrics.listen);
+
+  Config merged = running;
+  merged.types = loaded.types;
+  merged.tiers = loaded.tiers;
+  merged.scheduler.policy = loaded.scheduler.policy;
+  merged.scheduler.cost_alpha = loaded.scheduler.cost_alpha;
+  merged.scheduler.key_ttl = loaded.scheduler.key_ttl;
+  merged.max_active = loaded.max_active;
+  merged.log_level = loaded.log_level;
+  return merged;
+}
+
 }  // namespace dispatchd::config

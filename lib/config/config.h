@@ -180,4 +180,12 @@ struct Config {
   std::vector<std::string> Warnings() const;
 };
 
+// What a reload may change while the daemon runs: `types`, `tiers`, `scheduler.policy`,
+// `scheduler.cost_alpha`, `scheduler.key_ttl`, `max_active` and `log_level`. The result is
+// `running` with those taken from `loaded`; every other key keeps its running value, and the
+// keys whose value differs in `loaded` are appended to `*restart_only` (e.g. "listen",
+// "postgres.url") so that the caller can say they wait for a restart.
+Config MergeReload(const Config& running, const Config& loaded,
+                   std::vector<std::string>* restart_only);
+
 }  // namespace dispatchd::config

@@ -23,6 +23,7 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
+#include "lib/config/live_config.h"
 #include "lib/util/clock.h"
 #include "server/config/yaml_config.h"
 #include "server/dispatch/dispatcher.h"
@@ -108,9 +109,9 @@ absl::StatusOr<std::unique_ptr<store::PgJobStore>> ConnectStore(const config::Co
 
 // Fills the gauges of state from the leader's scheduler and workers on each scrape; a standby
 // reports only that it does not lead.
-void AddMetricsCollectors(const config::Config& config, const ha::Leadership& leadership) {
+void AddMetricsCollectors(const config::LiveConfig& live, const ha::Leadership& leadership) {
   metrics::DaemonMetrics& m = metrics::Metrics();
-  m.registry.AddCollector([&config, &leadership, &m] {
+  m.registry.AddCollector([&live, &leadership, &m] {
     for (auto* family : {&m.queued, &m.running, &m.rate_tokens, &m.rate_waiting, &m.slots}) {
       family->Clear();
     }
@@ -122,8 +123,9 @@ void AddMetricsCollectors(const config::Config& config, const ha::Leadership& le
       return;
     }
     const sched::SchedulerStats stats = d->SchedulerStats(/*max_keys=*/0);
+    const std::shared_ptr<const config::Config> config = live.Get();
     for (const sched::SchedulerStats::Type& t : stats.types) {
-      const config::JobTypeConfig* type = config.FindType(t.name);
+      const config::JobTypeConfig* type = config->FindType(t.name);
       const metrics::Labels labels = {t.name, type != nullptr ? type->tier : "",
                                       type != nullptr ? type->model : ""};
       m.queued.With(labels).Set(static_cast<double>(t.queued));
@@ -145,6 +147,33 @@ void AddMetricsCollectors(const config::Config& config, const ha::Leadership& le
     m.slots.With({"busy"}).Set(static_cast<double>(busy));
     m.slots.With({"free"}).Set(static_cast<double>(std::max<int64_t>(slots - busy, 0)));
   });
+}
+
+// SIGHUP: re-reads the config file and applies what can change while the daemon runs (see
+// config::MergeReload); a file that does not load is refused and the running config stays.
+void Reload(const std::string& path, config::LiveConfig& live, sched::AdmissionGate& admission,
+            ha::Leadership& leadership) {
+  auto log = server::Log("main");
+  log->info("SIGHUP: reloading {}", path);
+  server::NotifySystemd("RELOADING=1\nSTATUS=reloading the config");
+  absl::StatusOr<config::Config> loaded = server::LoadConfigFile(path);
+  if (!loaded.ok()) {
+    log->error("reload refused, the running config stays in force: {}", loaded.status().message());
+    server::NotifySystemd("READY=1\nSTATUS=serving; the last reload was refused (see the log)");
+    return;
+  }
+  std::vector<std::string> restart_only;
+  config::Config merged = config::MergeReload(*live.Get(), *loaded, &restart_only);
+  for (const std::string& key : restart_only) {
+    log->warn("reload: {} differs in the file; it keeps its running value until a restart", key);
+  }
+  server::SetLogLevel(merged.log_level);
+  admission.UpdateConfig(merged);
+  leadership.UpdateConfig(merged);
+  const size_t types = merged.types.size(), tiers = merged.tiers.size();
+  live.Set(std::move(merged));
+  log->info("reloaded config types={} tiers={}", types, tiers);
+  server::NotifySystemd("READY=1\nSTATUS=serving; config reloaded");
 }
 
 int Run(int argc, char** argv) {
@@ -193,6 +222,7 @@ int Run(int argc, char** argv) {
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
@@ -230,6 +260,8 @@ int Run(int argc, char** argv) {
 
   // Every daemon serves clients; the one that wins leader election also schedules (ha::Leadership
   // builds its dispatcher). The services are up before the election so that its address is known.
+  // The config in force: SIGHUP replaces what can change while the daemon runs.
+  config::LiveConfig live(config);
   RealClock clock;
   dispatch::JobEvents events;
   sched::AdmissionGate admission(config);
@@ -238,9 +270,9 @@ int Run(int argc, char** argv) {
                             **store, clock, events, admission);
   store::GroupInserter inserter(**store, store::GroupInserter::Options{});
   store::RetentionKeeper retention(**store);
-  rpc::JobServiceImpl job_service(config, **store, inserter, leadership, events, executor, clock);
+  rpc::JobServiceImpl job_service(live, **store, inserter, leadership, events, executor, clock);
   rpc::WorkerServiceImpl worker_service(leadership);
-  rpc::AdminServiceImpl admin_service(config, **store, leadership, executor);
+  rpc::AdminServiceImpl admin_service(live, **store, leadership, executor);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -271,7 +303,7 @@ int Run(int argc, char** argv) {
             leadership.leader().is_leader ? "leader" : "standby");
   std::unique_ptr<metrics::HttpServer> metrics_server;
   if (!config.metrics.listen.empty()) {
-    AddMetricsCollectors(config, leadership);
+    AddMetricsCollectors(live, leadership);
     absl::StatusOr<std::unique_ptr<metrics::HttpServer>> started =
         metrics::HttpServer::Start(config.metrics.listen, metrics::Metrics().registry);
     if (!started.ok()) {
@@ -315,7 +347,9 @@ int Run(int argc, char** argv) {
   });
 
   int sig = 0;
-  sigwait(&signals, &sig);
+  while (sigwait(&signals, &sig) == 0 && sig == SIGHUP) {
+    Reload(config_path, live, admission, leadership);
+  }
   log->info("stopping signal={}", sig == SIGTERM ? "SIGTERM" : "SIGINT");
   server::NotifySystemd("STOPPING=1\nSTATUS=stopping");
   watchdog.Stop();

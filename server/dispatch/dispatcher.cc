@@ -484,6 +484,16 @@ bool Dispatcher::SetRateLimit(const std::string& rate_key, config::RateLimit lim
   return ran && *out;
 }
 
+bool Dispatcher::UpdateConfig(config::Config config) {
+  return RunOnLoop([this, config = std::move(config)]() mutable {
+    config_ = std::move(config);
+    scheduler_.UpdateConfig(config_, clock_.TimeNow());
+    for (const std::string& warning : config_.Warnings()) {
+      server::Log("dispatch")->warn("{}", warning);
+    }
+  });
+}
+
 void Dispatcher::RetractClaims(const std::vector<sched::Dispatch>& decisions, absl::Time now) {
   for (const sched::Dispatch& d : decisions) {
     scheduler_.Retract(d.job_id);

@@ -96,6 +96,10 @@ class Dispatcher {
   // Changes the rate limit of a model (or of a type without one) until the next config load.
   // False if no configured type uses `rate_key`. Waits for the loop.
   bool SetRateLimit(const std::string& rate_key, config::RateLimit limit);
+  // A reloaded config (see config::MergeReload): types, tiers, rate limits and policy change for
+  // the jobs queued now and later; buckets keep their tokens, and a rate set by SetRateLimit
+  // gives way to the file's. Waits for the loop; false if it has stopped.
+  bool UpdateConfig(config::Config config);
 
   // Limits checked before a job is written (max_active, max_queue_depth). Thread-safe.
   sched::AdmissionGate& admission() { return admission_; }
@@ -253,7 +257,7 @@ class Dispatcher {
   // The worker id of the session whose link this is, or empty.
   std::string WorkerIdOf(const std::shared_ptr<WorkerLink>& link) const;
 
-  const config::Config config_;
+  config::Config config_;  // loop-confined after Start (UpdateConfig replaces it on the loop)
   store::JobStore& store_;
   Clock& clock_;
   JobEvents& events_;

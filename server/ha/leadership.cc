@@ -78,6 +78,17 @@ LeaderInfo Leadership::leader() const {
   return info_;
 }
 
+void Leadership::UpdateConfig(const config::Config& config) {
+  std::shared_ptr<dispatch::Dispatcher> d;
+  {
+    absl::MutexLock l(&mu_);
+    reloaded_ = std::make_shared<const config::Config>(config);
+    d = dispatcher_;
+  }
+  // A term that starts meanwhile takes `reloaded_`; this one is told here.
+  if (d != nullptr) d->UpdateConfig(config);
+}
+
 bool Leadership::MakingProgress(absl::Duration stall, std::string* why) const {
   const absl::Time now = absl::Now();
   if (const absl::Duration idle = now - absl::FromUnixNanos(last_round_ns_.load()); idle > stall) {
@@ -260,7 +271,13 @@ void Leadership::Promote(int64_t epoch, absl::Time now) {
   epoch_ = epoch;
   renewed_ = now;
   next_renew_ = now + interval_;
-  auto d = std::make_shared<dispatch::Dispatcher>(config_, store_, clock_, events_, admission_);
+  std::shared_ptr<const config::Config> reloaded;
+  {
+    absl::MutexLock l(&mu_);
+    reloaded = reloaded_;
+  }
+  auto d = std::make_shared<dispatch::Dispatcher>(reloaded != nullptr ? *reloaded : config_, store_,
+                                                  clock_, events_, admission_);
   std::future<absl::Status> loading = std::async(std::launch::async, [&d] { return d->Start(); });
   bool renewing = true;
   while (loading.wait_for(std::chrono::microseconds(absl::ToInt64Microseconds(tick_))) !=
@@ -280,11 +297,14 @@ void Leadership::Promote(int64_t epoch, absl::Time now) {
     return;
   }
   watched_.clear();
+  std::shared_ptr<const config::Config> missed;  // a reload while the term was starting
   {
     absl::MutexLock l(&mu_);
-    dispatcher_ = std::move(d);
+    if (reloaded_ != reloaded) missed = reloaded_;
+    dispatcher_ = d;
     info_ = LeaderInfo{.is_leader = true, .address = address_, .epoch = epoch};
   }
+  if (missed != nullptr) d->UpdateConfig(*missed);
   server::Log("ha")->info("became leader epoch={} address={} daemon={}", epoch, address_,
                           options_.daemon_id);
 }

@@ -74,6 +74,9 @@ class Leadership {
   // The dispatcher of this daemon's current term; null while it does not lead.
   std::shared_ptr<dispatch::Dispatcher> dispatcher() const ABSL_LOCKS_EXCLUDED(mu_);
   LeaderInfo leader() const ABSL_LOCKS_EXCLUDED(mu_);
+  // A reloaded config (config::MergeReload): the current dispatcher takes it at once, and every
+  // later term starts with it. Its `ha` keys are not reloaded.
+  void UpdateConfig(const config::Config& config) ABSL_LOCKS_EXCLUDED(mu_);
   // Whether the election thread and, while this daemon leads, the dispatcher loop have both
   // come round within `stall` (wall time); if not, `*why` names the one that has not. For the
   // service manager's watchdog: a daemon stuck there is better restarted.
@@ -114,6 +117,8 @@ class Leadership {
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::shared_ptr<dispatch::Dispatcher> dispatcher_ ABSL_GUARDED_BY(mu_);
+  // The config each new term's dispatcher starts with: the last reload's, else `config_`.
+  std::shared_ptr<const config::Config> reloaded_ ABSL_GUARDED_BY(mu_);
   LeaderInfo info_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
   // When the election thread last began a round (wall time), for MakingProgress.

@@ -117,7 +117,8 @@ grpc::ServerUnaryReactor* AdminServiceImpl::Stats(grpc::CallbackServerContext* c
       return;
     }
     std::map<std::string, v1::TypeStats> by_type;
-    for (const config::JobTypeConfig& t : config_.types) by_type[t.name].set_type(t.name);
+    const std::shared_ptr<const config::Config> config = config_.Get();
+    for (const config::JobTypeConfig& t : config->types) by_type[t.name].set_type(t.name);
     for (const store::TypeStateCount& c : *counts) {
       v1::TypeStats& s = by_type[c.type];
       s.set_type(c.type);
@@ -197,7 +198,8 @@ grpc::ServerUnaryReactor* AdminServiceImpl::SetRateLimit(grpc::CallbackServerCon
     }
     if (!d->SetRateLimit(req->model(), limit)) {
       std::set<std::string> configured;  // sorted, for the message
-      for (const config::JobTypeConfig& t : config_.types) configured.insert(t.rate_key());
+      const std::shared_ptr<const config::Config> config = config_.Get();
+      for (const config::JobTypeConfig& t : config->types) configured.insert(t.rate_key());
       if (configured.contains(req->model())) {
         // Configured, yet the dispatcher did not apply it: the daemon is stopping.
         reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,

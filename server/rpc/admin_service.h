@@ -2,6 +2,7 @@
 
 #include "dispatchd/v1/admin_service.grpc.pb.h"
 #include "lib/config/config.h"
+#include "lib/config/live_config.h"
 #include "server/ha/leadership.h"
 #include "server/store/job_store.h"
 #include "server/util/executor.h"
@@ -12,7 +13,8 @@ namespace dispatchd::rpc {
 // standby answers ListWorkers and SetRateLimit UNAVAILABLE, naming the leader. Thread-safe.
 class AdminServiceImpl final : public v1::AdminService::CallbackService {
  public:
-  AdminServiceImpl(const config::Config& config, store::JobStore& store, ha::Leadership& leadership,
+  AdminServiceImpl(const config::LiveConfig& config, store::JobStore& store,
+                   ha::Leadership& leadership,
                    server::Executor& executor)
       : config_(config), store_(store), leadership_(leadership), executor_(executor) {}
 
@@ -29,7 +31,7 @@ class AdminServiceImpl final : public v1::AdminService::CallbackService {
   static constexpr size_t kMaxStatsKeys = 100;
 
  private:
-  const config::Config& config_;
+  const config::LiveConfig& config_;
   store::JobStore& store_;
   ha::Leadership& leadership_;
   server::Executor& executor_;

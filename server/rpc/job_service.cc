@@ -65,13 +65,14 @@ absl::StatusOr<std::vector<job::Job>> JobServiceImpl::Admit(
   std::vector<job::Job> jobs;
   jobs.reserve(specs.size());
   const absl::Time now = clock_.TimeNow();
+  const std::shared_ptr<const config::Config> config = config_.Get();
   for (size_t i = 0; i < specs.size(); ++i) {
     const std::string prefix =
         field_prefix.empty() ? "" : absl::StrCat(field_prefix, "[", i, "].");
     absl::StatusOr<job::JobSpec> spec = convert::FromProto(*specs[i]);
     if (spec.ok()) {
       if (spec->fairness_key.empty()) spec->fairness_key = PeerIdentity(peer);
-      spec = sched::ResolveSpec(config_, *std::move(spec));
+      spec = sched::ResolveSpec(*config, *std::move(spec));
     }
     if (!spec.ok()) {
       metrics::Metrics().refused.With({specs[i]->type(), "invalid"}).Inc();

@@ -9,6 +9,7 @@
 #include "absl/types/span.h"
 #include "dispatchd/v1/job_service.grpc.pb.h"
 #include "lib/config/config.h"
+#include "lib/config/live_config.h"
 #include "lib/util/clock.h"
 #include "server/dispatch/dispatcher.h"
 #include "server/dispatch/job_events.h"
@@ -27,7 +28,7 @@ namespace dispatchd::rpc {
 // callback threads. Thread-safe.
 class JobServiceImpl final : public v1::JobService::CallbackService {
  public:
-  JobServiceImpl(const config::Config& config, store::JobStore& store,
+  JobServiceImpl(const config::LiveConfig& config, store::JobStore& store,
                  store::GroupInserter& inserter, ha::Leadership& leadership,
                  dispatch::JobEvents& events, server::Executor& executor, Clock& clock)
       : config_(config),
@@ -87,7 +88,7 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
   void Settle(std::vector<job::Job>& jobs,
               const absl::StatusOr<std::vector<store::InsertOutcome>>& outcomes, bool notified);
 
-  const config::Config& config_;
+  const config::LiveConfig& config_;  // types as of the last reload
   store::JobStore& store_;
   store::GroupInserter& inserter_;
   ha::Leadership& leadership_;

@@ -291,4 +291,42 @@ TEST(ConfigTest, OverflowHookNeedsAPositiveIntervalAndTimeout) {
                                      "overflow_hook.timeout: must be positive"));
 }
 
+TEST(MergeReloadTest, TakesTheReloadableKeysAndNamesTheRestartOnlyOnes) {
+  Config running;
+  running.types = {JobTypeConfig{.name = "echo"}};
+  Config loaded = running;
+  loaded.types.push_back(JobTypeConfig{.name = "fresh", .rate = RateLimit{.per_second = 2}});
+  loaded.tiers = {TierConfig{.name = "interactive", .value = 4}};
+  loaded.scheduler.policy = "fifo";
+  loaded.max_active = 10;
+  loaded.log_level = "debug";
+  loaded.listen = "0.0.0.0:7411";
+  loaded.postgres.url = "postgresql://elsewhere/db";
+  loaded.metrics.listen = "";
+
+  std::vector<std::string> restart_only;
+  const Config merged = MergeReload(running, loaded, &restart_only);
+  EXPECT_THAT(restart_only,
+              ::testing::UnorderedElementsAre("listen", "postgres.url", "metrics.listen"));
+  ASSERT_EQ(merged.types.size(), 2u);
+  EXPECT_EQ(merged.types[1].rate.per_second, 2);
+  ASSERT_EQ(merged.tiers.size(), 1u);
+  EXPECT_EQ(merged.scheduler.policy, "fifo");
+  EXPECT_EQ(merged.max_active, 10);
+  EXPECT_EQ(merged.log_level, "debug");
+  // The restart-only keys keep their running values.
+  EXPECT_EQ(merged.listen, running.listen);
+  EXPECT_EQ(merged.postgres.url, running.postgres.url);
+  EXPECT_EQ(merged.metrics.listen, running.metrics.listen);
+}
+
+TEST(MergeReloadTest, AnIdenticalFileChangesNothing) {
+  Config running;
+  running.types = {JobTypeConfig{.name = "echo"}};
+  std::vector<std::string> restart_only;
+  const Config merged = MergeReload(running, running, &restart_only);
+  EXPECT_TRUE(restart_only.empty());
+  EXPECT_EQ(merged.types.size(), 1u);
+}
+
 }  // namespace dispatchd::config

@@ -1,0 +1,174 @@
+// SIGHUP re-reads the config file while jobs flow: a new rate limit holds at once, a new type is
+// accepted, a change that needs a restart is named and left alone, and a file that does not load
+// is refused with the running config left in force. No job is lost across any of it.
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_replace.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include <signal.h>
+
+#include "tests/e2e/harness.h"
+#include "tests/testing/pg_test_db.h"
+
+namespace dispatchd::e2e {
+namespace {
+
+using ::testing::HasSubstr;
+
+// echo, and a model limited to 1 dispatch a second (burst 1).
+constexpr char kTypes[] = R"(  - name: echo
+    retry_backoff: 100ms
+  - name: llm
+    model: m1
+    rpm: 60
+    burst: 1
+)";
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+absl::Time FromProto(const google::protobuf::Timestamp& t) {
+  return absl::FromUnixSeconds(t.seconds()) + absl::Nanoseconds(t.nanos());
+}
+
+class ReloadTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<testing::TestDatabase> db = testing::TestDatabase::Create("e2e");
+    ASSERT_TRUE(db.ok()) << db.status();
+    db_ = std::make_unique<testing::TestDatabase>(*std::move(db));
+    DaemonOptions options{.postgres_url = db_->url()};
+    options.types = {};
+    options.extra_yaml = kTypes;
+    absl::StatusOr<std::unique_ptr<Daemon>> d = Daemon::Start(options, dir_);
+    ASSERT_TRUE(d.ok()) << d.status();
+    daemon_ = *std::move(d);
+    original_ = ReadAll(daemon_->config_path());
+    absl::StatusOr<std::unique_ptr<Worker>> w = Worker::Start(
+        daemon_->address(), {.id = "w", .types = {"echo", "llm", "fresh"}, .slots = 8}, dir_);
+    ASSERT_TRUE(w.ok()) << w.status();
+    worker_ = *std::move(w);
+    ASSERT_TRUE(daemon_->WaitForWorkers(1));
+  }
+
+  // Writes `yaml` as the daemon's config file, sends SIGHUP and waits until the daemon has
+  // logged the `reloads`-th outcome (applied or refused).
+  void Reload(const std::string& yaml, int reloads) {
+    std::ofstream(daemon_->config_path()) << yaml;
+    daemon_->process().Signal(SIGHUP);
+    ASSERT_TRUE(WaitFor(
+        [&] {
+          const std::string log = daemon_->process().Log();
+          int outcomes = 0;
+          for (const char* line : {"reloaded config", "reload refused"}) {
+            for (size_t at = log.find(line); at != std::string::npos; at = log.find(line, at + 1)) {
+              ++outcomes;
+            }
+          }
+          return outcomes >= reloads;
+        },
+        absl::Seconds(10)))
+        << daemon_->process().Log();
+  }
+
+  std::vector<std::string> SubmitMany(const std::string& type, int n) {
+    std::vector<std::string> ids;
+    for (int i = 0; i < n; ++i) {
+      absl::StatusOr<std::string> id = daemon_->Submit(Spec(type, "reload"));
+      EXPECT_TRUE(id.ok()) << id.status();
+      if (id.ok()) ids.push_back(*id);
+    }
+    return ids;
+  }
+
+  TempDir dir_;
+  std::unique_ptr<testing::TestDatabase> db_;
+  std::unique_ptr<Daemon> daemon_;
+  std::unique_ptr<Worker> worker_;
+  std::string original_;
+};
+
+TEST_F(ReloadTest, NewRateLimitHoldsAtOnceAndEveryJobCompletes) {
+  const absl::Time submitted = absl::Now();
+  const std::vector<std::string> ids = SubmitMany("llm", 20);
+  absl::SleepFor(absl::Seconds(2));
+
+  // 1/s becomes 100/s: the 17 or so jobs still waiting go out in well under a second, where the
+  // old limit would take 17 s.
+  const absl::Time reloaded = absl::Now();
+  Reload(absl::StrReplaceAll(original_, {{"rpm: 60\n", "rpm: 6000\n"}}), 1);
+  std::vector<v1::Job> jobs;
+  ASSERT_TRUE(daemon_->WaitForTerminal(ids, &jobs, absl::Seconds(60)));
+  std::vector<absl::Time> dispatched;
+  for (const v1::Job& j : jobs) {
+    EXPECT_EQ(j.state(), v1::JOB_STATE_SUCCEEDED) << j.id();
+    dispatched.push_back(FromProto(j.dispatched_at()));
+  }
+  std::sort(dispatched.begin(), dispatched.end());
+  // Before the reload the old bucket held: at most burst + rate * t, plus one for clock skew
+  // between the test and the database.
+  const int64_t before = std::count_if(dispatched.begin(), dispatched.end(),
+                                       [&](absl::Time t) { return t < reloaded; });
+  EXPECT_LE(before, 1 + absl::ToInt64Seconds(reloaded - submitted) + 1);
+  EXPECT_GE(before, 1);
+  // After it, the new rate: the rest went out within a few bucket periods of the old rate.
+  EXPECT_LT(dispatched.back() - reloaded, absl::Seconds(5))
+      << "last dispatch " << absl::FormatDuration(dispatched.back() - reloaded)
+      << " after the reload";
+  EXPECT_THAT(daemon_->process().Log(), HasSubstr("reloaded config types=2"));
+}
+
+TEST_F(ReloadTest, NewTypeIsAcceptedAndRestartOnlyKeysAreNamed) {
+  absl::StatusOr<std::string> refused = daemon_->Submit(Spec("fresh", "x"));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("fresh"));
+
+  std::string next = original_ + "  - name: fresh\n";
+  next = absl::StrReplaceAll(next, {{"orphan_grace: 5s\n", "orphan_grace: 7s\n"}});
+  Reload(next, 1);
+  const std::vector<std::string> ids = SubmitMany("fresh", 3);
+  std::vector<v1::Job> jobs;
+  ASSERT_TRUE(daemon_->WaitForTerminal(ids, &jobs, absl::Seconds(60)));
+  for (const v1::Job& j : jobs) EXPECT_EQ(j.state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_THAT(daemon_->process().Log(),
+              HasSubstr("reload: orphan_grace differs in the file; it keeps its running value"));
+}
+
+TEST_F(ReloadTest, InvalidFileIsRefusedAndTheRunningConfigStays) {
+  Reload("types: [ {name: echo\n", 1);
+  Reload(absl::StrReplaceAll(original_, {{"rpm: 60\n", "rpm: -5\n"}}), 2);
+  const std::string log = daemon_->process().Log();
+  EXPECT_THAT(log, HasSubstr("reload refused, the running config stays in force"));
+  EXPECT_THAT(log, HasSubstr("types[1].rpm"));
+  EXPECT_THAT(log, ::testing::Not(HasSubstr("reloaded config")));
+
+  // Still serving with the old config: both types run, llm still at 1/s.
+  const absl::Time submitted = absl::Now();
+  std::vector<std::string> ids = SubmitMany("echo", 3);
+  const std::vector<std::string> llm = SubmitMany("llm", 3);
+  ids.insert(ids.end(), llm.begin(), llm.end());
+  std::vector<v1::Job> jobs;
+  ASSERT_TRUE(daemon_->WaitForTerminal(ids, &jobs, absl::Seconds(60)));
+  absl::Time last_llm = absl::InfinitePast();
+  for (const v1::Job& j : jobs) {
+    EXPECT_EQ(j.state(), v1::JOB_STATE_SUCCEEDED);
+    if (j.spec().type() == "llm") last_llm = std::max(last_llm, FromProto(j.dispatched_at()));
+  }
+  // Three jobs through a 1/s bucket with burst 1 take at least 2 s.
+  EXPECT_GE(last_llm - submitted, absl::Milliseconds(1900));
+  EXPECT_EQ(daemon_->process().Running(), true);
+}
+
+}  // namespace
+}  // namespace dispatchd::e2e
