@@ -185,6 +185,17 @@ absl::StatusOr<v1::StatsResponse> Client::Stats() {
   return response;
 }
 
+absl::StatusOr<v1::DrainWorkerResponse> Client::DrainWorker(absl::string_view worker_id) {
+  grpc::ClientContext context;
+  SetDeadline(context, options_.default_deadline);
+  v1::DrainWorkerRequest request;
+  request.set_worker_id(std::string(worker_id));
+  v1::DrainWorkerResponse response;
+  grpc::Status status = admin_->DrainWorker(&context, request, &response);
+  if (!status.ok()) return FromGrpcStatus(status, &context);
+  return response;
+}
+
 absl::StatusOr<grpc::health::v1::HealthCheckResponse::ServingStatus> Client::Health(
     absl::string_view service) {
   grpc::ClientContext context;

@@ -91,6 +91,9 @@ class Client {
   // Changes or clears a model's rate limit until the daemon's next config load. INVALID_ARGUMENT
   // for a bad request, NOT_FOUND if no configured type uses the model.
   absl::StatusOr<v1::SetRateLimitResponse> SetRateLimit(const v1::SetRateLimitRequest& request);
+  // Drains a connected worker (no new jobs; it finishes what it runs, then stops). NOT_FOUND if
+  // no such worker is connected.
+  absl::StatusOr<v1::DrainWorkerResponse> DrainWorker(absl::string_view worker_id);
   // The daemon's standard gRPC health status (grpc.health.v1.Health/Check) for `service` ("" for
   // the whole daemon, or e.g. "dispatchd.v1.JobService"). SERVING while the daemon reaches its
   // database and, if it leads, its dispatcher runs; NOT_FOUND for a service it does not know.

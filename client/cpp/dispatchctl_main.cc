@@ -54,7 +54,7 @@ enum ExitCode : int {
 constexpr char kExitCodes[] =
     "Exit codes:\n"
     "  0  ok (submit: queued; run/status/watch: the job SUCCEEDED; cancel: the job is now\n"
-    "     CANCELLED; workers/stats/set-rate-limit: ok; health: SERVING)\n"
+    "     CANCELLED; workers/stats/set-rate-limit/drain: ok; health: SERVING)\n"
     "  1  the job FAILED\n"
     "  2  usage error, or INVALID_ARGUMENT from the daemon\n"
     "  3  the job was CANCELLED or EXPIRED\n"
@@ -421,6 +421,20 @@ int CmdWatch(Client& client, const std::string& id, bool json, absl::Duration wa
   return ExitForState(last);
 }
 
+int CmdDrain(Client& client, const std::string& worker_id, bool json) {
+  absl::StatusOr<v1::DrainWorkerResponse> r = client.DrainWorker(worker_id);
+  if (!r.ok()) return Fail(r.status());
+  if (json) {
+    std::cout << ToJson(*r) << "\n";
+  } else {
+    const v1::WorkerInfo& w = r->worker();
+    std::cout << w.worker_id() << ": draining; " << w.busy()
+              << (w.busy() == 1 ? " job finishes" : " jobs finish")
+              << " first, and no new job goes to it\n";
+  }
+  return kOk;
+}
+
 int CmdHealth(Client& client, const std::string& service, bool json) {
   absl::StatusOr<grpc::health::v1::HealthCheckResponse::ServingStatus> r = client.Health(service);
   if (!r.ok()) return Fail(r.status());
@@ -626,6 +640,12 @@ int Main(int argc, char** argv) {
       "Show queued and running jobs per tier, type, model and fairness key, token buckets,\n"
       "  and why the first job in line of each waits (WAITING-ON); then slot use.\n"
       "  Example: dispatchctl stats   (or dispatchctl --json stats)");
+  std::string drain_worker;
+  CLI::App* drain = app.add_subcommand(
+      "drain",
+      "Drain a worker: it gets no new jobs, finishes those it runs, and (dispatch-worker) exits.\n"
+      "  Example: dispatchctl drain gpu-host-3-gpu0   (ids as dispatchctl workers lists them)");
+  drain->add_option("WORKER", drain_worker, "Worker id")->required();
   std::string health_service;
   CLI::App* health = app.add_subcommand(
       "health",
@@ -650,7 +670,7 @@ int Main(int argc, char** argv) {
   rpm->excludes(rps);
   clear->excludes(rpm)->excludes(rps)->excludes(burst);
   for (CLI::App* sub :
-       {submit, run, status, cancel, watch, workers, stats, set_rate_limit, health}) {
+       {submit, run, status, cancel, watch, workers, stats, set_rate_limit, drain, health}) {
     sub->footer(kExitCodes);
   }
 
@@ -681,6 +701,7 @@ int Main(int argc, char** argv) {
   if (workers->parsed()) return CmdWorkers(**client, json);
   if (stats->parsed()) return CmdStats(**client, json);
   if (set_rate_limit->parsed()) return CmdSetRateLimit(**client, rate_flags, json);
+  if (drain->parsed()) return CmdDrain(**client, drain_worker, json);
   if (health->parsed()) return CmdHealth(**client, health_service, json);
   return Usage("no command given");
 }

@@ -335,32 +335,38 @@ void Dispatcher::WorkerDisconnected(std::shared_ptr<WorkerLink> link) {
   Post([this, link = std::move(link)] { OnDisconnect(link, clock_.TimeNow()); });
 }
 
+std::vector<v1::WorkerInfo> Dispatcher::WorkersNow() const {
+  std::vector<v1::WorkerInfo> out;
+  for (const sched::WorkerView& w : scheduler_.Workers()) {
+    auto it = sessions_.find(w.id);
+    if (it == sessions_.end() || !it->second.link) continue;
+    const Session& s = it->second;
+    v1::WorkerInfo info;
+    info.set_worker_id(w.id);
+    info.set_peer(s.peer);
+    for (const std::string& t : s.hello.types()) info.add_types(t);
+    info.set_slots(w.slots);
+    info.set_busy(w.busy);
+    *info.mutable_labels() = s.hello.labels();
+    convert::ToProto(s.connected_at, info.mutable_connected_at());
+    convert::ToProto(s.last_seen, info.mutable_last_seen());
+    info.set_rank(w.rank);
+    info.set_draining(w.draining);
+    info.set_memory_throttled(w.throttled);
+    for (const std::string& m : w.models_resident) info.add_models_resident(m);
+    info.set_vram_gb(w.vram_gb);
+    info.set_vram_in_use_gb(w.vram_in_use_gb);
+    info.set_model_loads(w.model_loads);
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
 std::vector<v1::WorkerInfo> Dispatcher::Workers() {
   auto out = std::make_shared<std::vector<v1::WorkerInfo>>();
   auto done = std::make_shared<absl::Notification>();
   Post([this, out, done] {
-    for (const sched::WorkerView& w : scheduler_.Workers()) {
-      auto it = sessions_.find(w.id);
-      if (it == sessions_.end() || !it->second.link) continue;
-      const Session& s = it->second;
-      v1::WorkerInfo info;
-      info.set_worker_id(w.id);
-      info.set_peer(s.peer);
-      for (const std::string& t : s.hello.types()) info.add_types(t);
-      info.set_slots(w.slots);
-      info.set_busy(w.busy);
-      *info.mutable_labels() = s.hello.labels();
-      convert::ToProto(s.connected_at, info.mutable_connected_at());
-      convert::ToProto(s.last_seen, info.mutable_last_seen());
-      info.set_rank(w.rank);
-      info.set_draining(w.draining);
-      info.set_memory_throttled(w.throttled);
-      for (const std::string& m : w.models_resident) info.add_models_resident(m);
-      info.set_vram_gb(w.vram_gb);
-      info.set_vram_in_use_gb(w.vram_in_use_gb);
-      info.set_model_loads(w.model_loads);
-      out->push_back(std::move(info));
-    }
+    *out = WorkersNow();
     done->Notify();
   });
   {
@@ -482,6 +488,23 @@ bool Dispatcher::SetRateLimit(const std::string& rate_key, config::RateLimit lim
     }
   });
   return ran && *out;
+}
+
+std::optional<v1::WorkerInfo> Dispatcher::DrainWorker(const std::string& worker_id) {
+  auto out = std::make_shared<std::optional<v1::WorkerInfo>>();
+  RunOnLoop([this, out, worker_id] {
+    auto it = sessions_.find(worker_id);
+    if (it == sessions_.end() || it->second.link == nullptr) return;
+    scheduler_.SetDraining(worker_id, true);
+    v1::DaemonMessage msg;
+    msg.mutable_drain();
+    SendTo(worker_id, std::move(msg));
+    server::Log("dispatch")->info("draining worker={} (operator request)", worker_id);
+    for (v1::WorkerInfo& w : WorkersNow()) {
+      if (w.worker_id() == worker_id) *out = std::move(w);
+    }
+  });
+  return *out;
 }
 
 bool Dispatcher::UpdateConfig(config::Config config) {

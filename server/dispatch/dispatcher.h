@@ -100,6 +100,9 @@ class Dispatcher {
   // the jobs queued now and later; buckets keep their tokens, and a rate set by SetRateLimit
   // gives way to the file's. Waits for the loop; false if it has stopped.
   bool UpdateConfig(config::Config config);
+  // An operator drains a connected worker: it gets no new jobs and is sent Drain. Its state
+  // after that, or nullopt if no such worker is connected (or the loop has stopped).
+  std::optional<v1::WorkerInfo> DrainWorker(const std::string& worker_id);
 
   // Limits checked before a job is written (max_active, max_queue_depth). Thread-safe.
   sched::AdmissionGate& admission() { return admission_; }
@@ -114,6 +117,9 @@ class Dispatcher {
   absl::Time LastLoop() const { return absl::FromUnixNanos(last_loop_ns_.load()); }
 
  private:
+  // The connected workers, by rank (loop-confined; Workers() and DrainWorker() wrap it).
+  std::vector<v1::WorkerInfo> WorkersNow() const;
+
   // A transition decided here but not yet written, because the database refused the write.
   enum class Parked { kNo, kSuccess, kFailure };
   struct ParkedWrite {

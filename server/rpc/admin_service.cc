@@ -181,6 +181,34 @@ grpc::ServerUnaryReactor* AdminServiceImpl::ListWorkers(grpc::CallbackServerCont
   return reactor;
 }
 
+grpc::ServerUnaryReactor* AdminServiceImpl::DrainWorker(grpc::CallbackServerContext* ctx,
+                                                        const v1::DrainWorkerRequest* req,
+                                                        v1::DrainWorkerResponse* resp) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  if (req->worker_id().empty()) {
+    reactor->Finish(
+        grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "worker_id: required (see ListWorkers)"));
+    return reactor;
+  }
+  executor_.Schedule([this, req, resp, reactor] {
+    std::shared_ptr<dispatch::Dispatcher> d = leadership_.dispatcher();
+    if (d == nullptr) {
+      reactor->Finish(NotLeader(leadership_.leader()));
+      return;
+    }
+    std::optional<v1::WorkerInfo> worker = d->DrainWorker(req->worker_id());
+    if (!worker.has_value()) {
+      reactor->Finish(grpc::Status(
+          grpc::StatusCode::NOT_FOUND,
+          absl::StrCat("worker_id: no connected worker \"", req->worker_id(), "\"")));
+      return;
+    }
+    *resp->mutable_worker() = *std::move(worker);
+    reactor->Finish(grpc::Status::OK);
+  });
+  return reactor;
+}
+
 grpc::ServerUnaryReactor* AdminServiceImpl::SetRateLimit(grpc::CallbackServerContext* ctx,
                                                          const v1::SetRateLimitRequest* req,
                                                          v1::SetRateLimitResponse* resp) {

@@ -26,6 +26,9 @@ class AdminServiceImpl final : public v1::AdminService::CallbackService {
   grpc::ServerUnaryReactor* SetRateLimit(grpc::CallbackServerContext* ctx,
                                          const v1::SetRateLimitRequest* req,
                                          v1::SetRateLimitResponse* resp) override;
+  grpc::ServerUnaryReactor* DrainWorker(grpc::CallbackServerContext* ctx,
+                                        const v1::DrainWorkerRequest* req,
+                                        v1::DrainWorkerResponse* resp) override;
 
   // Fairness keys listed in a StatsResponse (the lowest-cost ones); `keys_total` counts all.
   static constexpr size_t kMaxStatsKeys = 100;
