@@ -421,6 +421,95 @@ int CmdWatch(Client& client, const std::string& id, bool json, absl::Duration wa
   return ExitForState(last);
 }
 
+// A refreshing view of queues, workers and rates: every `interval`, the types (queued, running,
+// and successes and failures per second since the last refresh), the rate-limited models and the
+// slots. On a terminal each refresh replaces the last; otherwise they follow one another.
+// `iterations` > 0 stops after that many.
+int CmdTop(Client& client, absl::Duration interval, int iterations) {
+  const bool tty = isatty(STDOUT_FILENO) != 0;
+  std::map<std::string, std::pair<int64_t, int64_t>> last;  // type: succeeded, failed
+  absl::Time last_at = absl::InfinitePast();
+  for (int i = 0; iterations <= 0 || i < iterations; ++i) {
+    if (i > 0) absl::SleepFor(interval);
+    absl::StatusOr<v1::StatsResponse> r = client.Stats();
+    if (!r.ok()) return Fail(r.status());
+    const absl::Time now = absl::Now();
+    const double seconds = absl::ToDoubleSeconds(now - last_at);
+    std::ostringstream page;
+    if (tty) page << "\033[H\033[2J";
+    const v1::LeaderInfo& leader = r->leader();
+    page << "dispatchd " << (leader.address().empty() ? "(no leader)" : leader.address())
+         << "  workers " << r->workers() << "  slots " << r->slots_busy() << "/"
+         << r->slots_total() << " busy  "
+         << absl::FormatTime("%H:%M:%S", now, absl::LocalTimeZone()) << "\n\n";
+    std::cout << page.str();
+    std::vector<std::vector<std::string>> rows = {
+        {"TYPE", "QUEUED", "RUNNING", "DONE/S", "FAILED/S", "WAITING-ON"}};
+    for (const v1::TypeStats& t : r->types()) {
+      std::string done = "-", failed = "-";
+      if (auto it = last.find(t.type()); it != last.end() && seconds > 0) {
+        done = FormatNumber(static_cast<double>(t.succeeded() - it->second.first) / seconds, 1);
+        failed = FormatNumber(static_cast<double>(t.failed() - it->second.second) / seconds, 1);
+      }
+      last[t.type()] = {t.succeeded(), t.failed()};
+      rows.push_back({t.type(), absl::StrCat(t.queued()),
+                      absl::StrCat(t.dispatched() + t.running()), done, failed,
+                      WaitCell(t.head_wait_reason(), t.queued())});
+    }
+    PrintTable(rows);
+    std::vector<std::vector<std::string>> models = {
+        {"MODEL", "QUEUED", "RUNNING", "TOKENS", "RATE", "WAITING-ON"}};
+    for (const v1::ModelStats& m : r->models()) {
+      if (m.tokens() < 0) continue;  // only the rate-limited ones
+      models.push_back({m.model(), absl::StrCat(m.queued()), absl::StrCat(m.running()),
+                        FormatNumber(m.tokens()), FormatRate(m.rate_per_second()),
+                        WaitCell(m.head_wait_reason(), m.queued())});
+    }
+    if (models.size() > 1) {
+      std::cout << "\n";
+      PrintTable(models);
+    }
+    if (!tty) std::cout << "\n";
+    std::cout << std::flush;
+    last_at = now;
+  }
+  return kOk;
+}
+
+// A bash completion script for dispatchctl: `source <(dispatchctl completion bash)`.
+constexpr char kBashCompletion[] = R"(# bash completion for dispatchctl
+_dispatchctl() {
+  local cur=${COMP_WORDS[COMP_CWORD]} prev=${COMP_WORDS[COMP_CWORD-1]}
+  local commands="submit run status cancel watch workers stats top drain health set-rate-limit completion"
+  local globals="--server --json --timeout --help"
+  local i sub=""
+  for ((i = 1; i < COMP_CWORD; i++)); do
+    case ${COMP_WORDS[i]} in
+      --server|--timeout) ((i++)) ;;
+      -*) ;;
+      *) sub=${COMP_WORDS[i]}; break ;;
+    esac
+  done
+  case $prev in
+    --server|--timeout|--payload|--type|--resource|--fairness-key|--idempotency-key|    --max-attempts|--job-timeout|--dispatch-deadline|--not-before|--label|--rpm|--rps|--burst|    --interval|--iterations) return 0 ;;
+    --payload-file) COMPREPLY=($(compgen -f -- "$cur")); return 0 ;;
+  esac
+  if [[ -z $sub ]]; then
+    COMPREPLY=($(compgen -W "$commands $globals" -- "$cur"))
+    return 0
+  fi
+  local flags="--help"
+  case $sub in
+    submit|run) flags="--type --payload --payload-file --resource --fairness-key --idempotency-key --max-attempts --job-timeout --dispatch-deadline --not-before --label --help" ;;
+    set-rate-limit) flags="--rpm --rps --burst --clear --help" ;;
+    top) flags="--interval --iterations --help" ;;
+    completion) flags="bash" ;;
+  esac
+  COMPREPLY=($(compgen -W "$flags" -- "$cur"))
+}
+complete -F _dispatchctl dispatchctl
+)";
+
 int CmdDrain(Client& client, const std::string& worker_id, bool json) {
   absl::StatusOr<v1::DrainWorkerResponse> r = client.DrainWorker(worker_id);
   if (!r.ok()) return Fail(r.status());
@@ -640,6 +729,24 @@ int Main(int argc, char** argv) {
       "Show queued and running jobs per tier, type, model and fairness key, token buckets,\n"
       "  and why the first job in line of each waits (WAITING-ON); then slot use.\n"
       "  Example: dispatchctl stats   (or dispatchctl --json stats)");
+  std::string top_interval = "2s";
+  int top_iterations = 0;
+  CLI::App* top = app.add_subcommand(
+      "top",
+      "A refreshing view of queues, rates (done and failed per second), rate-limited models and\n"
+      "  slots, until interrupted.\n"
+      "  Example: dispatchctl top --interval 1s");
+  top->add_option("--interval", top_interval, "Time between refreshes")->capture_default_str();
+  top->add_option("--iterations", top_iterations, "Stop after this many refreshes (0: never)")
+      ->capture_default_str();
+  std::string completion_shell;
+  CLI::App* completion = app.add_subcommand(
+      "completion",
+      "Print a shell completion script (bash).\n"
+      "  Example: source <(dispatchctl completion bash)   (or save it under\n"
+      "  /etc/bash_completion.d/dispatchctl)");
+  completion->add_option("SHELL", completion_shell, "bash")->required()->check(
+      CLI::IsMember({"bash"}));
   std::string drain_worker;
   CLI::App* drain = app.add_subcommand(
       "drain",
@@ -670,7 +777,8 @@ int Main(int argc, char** argv) {
   rpm->excludes(rps);
   clear->excludes(rpm)->excludes(rps)->excludes(burst);
   for (CLI::App* sub :
-       {submit, run, status, cancel, watch, workers, stats, set_rate_limit, drain, health}) {
+       {submit, run, status, cancel, watch, workers, stats, set_rate_limit, drain, health, top,
+        completion}) {
     sub->footer(kExitCodes);
   }
 
@@ -681,6 +789,10 @@ int Main(int argc, char** argv) {
     return rc == 0 ? kOk : kUsage;
   }
 
+  if (completion->parsed()) {
+    std::cout << kBashCompletion;
+    return kOk;
+  }
   const bool waits = run->parsed() || watch->parsed();
   absl::Duration timeout = waits ? absl::Hours(24) : absl::Seconds(10);
   if (!timeout_flag.empty()) {
@@ -702,6 +814,12 @@ int Main(int argc, char** argv) {
   if (stats->parsed()) return CmdStats(**client, json);
   if (set_rate_limit->parsed()) return CmdSetRateLimit(**client, rate_flags, json);
   if (drain->parsed()) return CmdDrain(**client, drain_worker, json);
+  if (top->parsed()) {
+    absl::StatusOr<absl::Duration> interval = ParseDurationFlag("--interval", top_interval);
+    if (!interval.ok()) return Usage(interval.status().message());
+    if (top_iterations < 0) return Usage("--iterations: must be >= 0");
+    return CmdTop(**client, *interval, top_iterations);
+  }
   if (health->parsed()) return CmdHealth(**client, health_service, json);
   return Usage("no command given");
 }

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -143,6 +144,29 @@ TEST_F(StatsTest, QueuedJobsShowPerTierTypeModelAndKeyWaitingForAWorker) {
                            "batch", "llama", "alice", "no_worker", "1/s"}) {
     EXPECT_THAT(table.out, HasSubstr(want)) << table.out;
   }
+}
+
+// dispatchctl top: a refreshing view; piped, each refresh follows the last, and from the second
+// one on it shows rates.
+TEST_F(StatsTest, TopShowsQueuesRatesAndRateLimitedModels) {
+  for (int i = 0; i < 3; ++i) Submit("chat", "alice");
+  Submit("index", "bob", "repo-1");
+  ASSERT_EQ(WaitForStats("by('types','type','chat').get('queued')=='3'"), "True");
+  CommandResult top = daemon_->Ctl({"top", "--interval", "200ms", "--iterations", "3"});
+  ASSERT_EQ(top.exit_code, 0) << top.err;
+  EXPECT_THAT(top.out, ::testing::Not(HasSubstr("\033["))) << "no terminal codes when piped";
+  const std::vector<std::string> pages = absl::StrSplit(top.out, "dispatchd ", absl::SkipEmpty());
+  ASSERT_EQ(pages.size(), 3u) << top.out;
+  EXPECT_THAT(pages[0], HasSubstr(absl::StrCat(daemon_->address(), "  workers 0  slots 0/0 busy")));
+  EXPECT_THAT(pages[0], ::testing::ContainsRegex("chat +3 +0 +- +- +no_worker"));
+  EXPECT_THAT(pages[0], ::testing::ContainsRegex("index +1 +0 +- +- +no_worker"));
+  EXPECT_THAT(pages[0], ::testing::ContainsRegex("llama +3 +0 +2 +1/s +no_worker"));
+  // The second refresh has a rate: nothing finished in between.
+  EXPECT_THAT(pages[1], ::testing::ContainsRegex("chat +3 +0 +0 +0 +no_worker")) << pages[1];
+
+  CommandResult bad = daemon_->Ctl({"top", "--interval", "soon"});
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_THAT(bad.err, HasSubstr("--interval"));
 }
 
 TEST_F(StatsTest, WorkerTakesJobsTokensDropAndRateLimitChangesLetTheRestRun) {

@@ -304,14 +304,36 @@ TEST(DispatchctlNoDaemonTest, EverySubcommandsHelpShowsAnExample) {
   ASSERT_EQ(top.Wait(absl::Seconds(10)), 0);
   const std::string top_help = top.out();
   for (const char* sub : {"submit", "run", "status", "cancel", "watch", "workers", "stats",
-                          "health", "set-rate-limit", "drain"}) {
+                          "health", "set-rate-limit", "drain", "top", "completion"}) {
     EXPECT_THAT(top_help, ::testing::HasSubstr(absl::StrCat("\n  ", sub, " "))) << sub;
     fake::Subprocess help({DISPATCHCTL_BIN, sub, "--help"}, tmp.path() + "/help-" + sub);
     ASSERT_EQ(help.Wait(absl::Seconds(10)), 0) << sub;
-    EXPECT_THAT(help.out(), ::testing::ContainsRegex(absl::StrCat("Example: dispatchctl .*", sub)))
-        << sub << ":\n" << help.out();
+    EXPECT_THAT(help.out(),
+                ::testing::ContainsRegex(absl::StrCat("Example: .*dispatchctl .*", sub)))
+        << sub << ":\n"
+        << help.out();
     EXPECT_THAT(help.out(), ::testing::HasSubstr("Exit codes:")) << sub;
   }
+}
+
+// `source <(dispatchctl completion bash)` completes subcommands, flags and file names in bash.
+TEST(DispatchctlNoDaemonTest, BashCompletionCompletesSubcommandsAndFlags) {
+  fake::TempDir tmp;
+  const std::string script = tmp.path() + "/complete.sh";
+  std::ofstream(script) << "source <(\"$1\" completion bash)\n"
+                           "complete_line() { COMP_WORDS=($1); COMP_CWORD=$2; _dispatchctl;"
+                           " echo \"${COMPREPLY[*]}\"; }\n"
+                           "complete_line 'dispatchctl st' 1\n"
+                           "complete_line 'dispatchctl --json s' 2\n"
+                           "complete_line 'dispatchctl set-rate-limit m --r' 3\n"
+                           "complete_line 'dispatchctl top --i' 2\n";
+  fake::Subprocess p({"/bin/bash", script, DISPATCHCTL_BIN}, tmp.path() + "/bash");
+  ASSERT_EQ(p.Wait(absl::Seconds(10)), 0) << p.err();
+  EXPECT_EQ(p.out(),
+            "status stats\n"
+            "submit status stats set-rate-limit\n"
+            "--rpm --rps\n"
+            "--interval --iterations\n");
 }
 
 }  // namespace
