@@ -1,0 +1,20 @@
+"""Python SDK for dispatchd, the job-dispatch daemon for GPU fleets.
+
+    import dispatchd
+    client = dispatchd.Client("127.0.0.1:7411")
+    job_id = client.submit("embed.text", b"a document")
+    job = client.run("echo", b"hello", wait=30)       # waits for the job to end
+    print(dispatchd.state_name(job.state), job.result)
+
+The package is built with the daemon (`build/client/python`: these sources next to the modules
+generated from proto/); put that directory on PYTHONPATH. It needs Debian's python3-grpcio and
+python3-protobuf and nothing else.
+"""
+
+from dispatchd.client import (  # noqa: F401
+    Client,
+    DispatchError,
+    TERMINAL_STATES,
+    state_name,
+)
+from dispatchd.v1 import job_pb2  # noqa: F401  (Job, JobSpec, JobState)

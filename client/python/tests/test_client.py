@@ -1,0 +1,156 @@
+"""dispatchd.Client against a real daemon and dispatch-worker on 127.0.0.1.
+
+Run by ctest (test `python_client`), which provides the `pg` fixture's server and the binaries:
+DISPATCHD_TEST_PG_URL_FILE, DISPATCHD_BIN, DISPATCH_WORKER_BIN, and PYTHONPATH=build/client/python.
+"""
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+import unittest
+import uuid
+import urllib.parse
+
+import grpc
+
+import dispatchd
+
+
+def _psql(url, sql):
+    subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", url, "-c", sql], check=True,
+                   capture_output=True, text=True)
+
+
+def _with_database(url, name):
+    parts = urllib.parse.urlsplit(url)
+    return urllib.parse.urlunsplit(parts._replace(path="/" + name))
+
+
+class DaemonFixture:
+    """A database of its own, a daemon on it, and an echo worker with 4 slots."""
+
+    def __init__(self):
+        with open(os.environ["DISPATCHD_TEST_PG_URL_FILE"]) as f:
+            self.server_url = f.read().strip()
+        self.db = "py_" + uuid.uuid4().hex[:12]
+        _psql(self.server_url, f"CREATE DATABASE {self.db}")
+        self.dir = tempfile.mkdtemp(prefix="dispatchd-py-")
+        os.chmod(self.dir, 0o755)
+        config = os.path.join(self.dir, "dispatchd.yaml")
+        with open(config, "w") as f:
+            f.write("listen: 127.0.0.1:0\n"
+                    f"state_dir: {self.dir}/state\n"
+                    "metrics:\n  listen: 127.0.0.1:0\n"
+                    f"postgres:\n  url: \"{_with_database(self.server_url, self.db)}\"\n"
+                    "types:\n  - name: echo\n")
+        ready = os.path.join(self.dir, "ready")
+        self.daemon_log = open(os.path.join(self.dir, "daemon.log"), "w")
+        self.daemon = subprocess.Popen([os.environ["DISPATCHD_BIN"], "--config", config,
+                                        "--ready-file", ready],
+                                       stdout=self.daemon_log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while not os.path.exists(ready):
+            if self.daemon.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("dispatchd did not start: " + self.log())
+            time.sleep(0.05)
+        with open(ready) as f:
+            self.address = f.read().strip()
+        self.worker_log = open(os.path.join(self.dir, "worker.log"), "w")
+        self.worker = subprocess.Popen(
+            [os.environ["DISPATCH_WORKER_BIN"], "--server", self.address, "--id", "py-w",
+             "--types", "echo", "--slots", "4", "--echo"],
+            stdout=self.worker_log, stderr=subprocess.STDOUT)
+
+    def log(self):
+        with open(os.path.join(self.dir, "daemon.log")) as f:
+            return f.read()
+
+    def close(self):
+        for p in (self.worker, self.daemon):
+            p.terminate()
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        self.daemon_log.close()
+        self.worker_log.close()
+        _psql(self.server_url, f"DROP DATABASE IF EXISTS {self.db} WITH (FORCE)")
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class ClientTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.fx = DaemonFixture()
+        cls.client = dispatchd.Client(cls.fx.address)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.client.close()
+        cls.fx.close()
+
+    def test_run_returns_the_workers_result(self):
+        job = self.client.run("echo", b"hello from python", wait=60)
+        self.assertEqual(dispatchd.state_name(job.state), "SUCCEEDED")
+        self.assertEqual(job.result, b"hello from python")
+        self.assertEqual(job.worker_id, "py-w")
+        self.assertEqual(job.attempt, 1)
+
+    def test_submit_then_watch_to_the_end(self):
+        job_id = self.client.submit("echo", "a str payload", labels={}, fairness_key="alice")
+        states = [dispatchd.state_name(j.state) for j in self.client.watch(job_id, wait=60)]
+        self.assertEqual(states[-1], "SUCCEEDED")
+        job = self.client.status(job_id)
+        self.assertEqual(job.result, b"a str payload")
+        self.assertEqual(job.fairness_key, "alice")
+
+    def test_idempotency_key_returns_the_same_job(self):
+        key = uuid.uuid4().hex
+        first = self.client.submit("echo", b"x", idempotency_key=key)
+        second = self.client.submit("echo", b"x", idempotency_key=key)
+        self.assertEqual(first, second)
+
+    def test_submit_batch_is_all_or_none_and_names_the_bad_spec(self):
+        ids = self.client.submit_batch([{"type": "echo", "payload": b"1"},
+                                        {"type": "echo", "payload": b"2"}])
+        self.assertEqual(len(ids), 2)
+        with self.assertRaises(dispatchd.DispatchError) as err:
+            self.client.submit_batch([{"type": "echo", "payload": b"ok"},
+                                      {"type": "nope", "payload": b"x"}])
+        self.assertEqual(err.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("specs[1].type", err.exception.message)
+
+    def test_errors_carry_the_code_and_name_the_field(self):
+        with self.assertRaises(dispatchd.DispatchError) as err:
+            self.client.submit("no.such.type", b"x")
+        self.assertEqual(err.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("spec.type", err.exception.message)
+        with self.assertRaises(dispatchd.DispatchError) as err:
+            self.client.status("0" * 32)
+        self.assertEqual(err.exception.code, grpc.StatusCode.NOT_FOUND)
+
+    def test_cancel_a_job_that_waits(self):
+        job_id = self.client.submit("echo", b"later", not_before=_in(3600))
+        job = self.client.cancel(job_id)
+        self.assertEqual(dispatchd.state_name(job.state), "CANCELLED")
+        with self.assertRaises(dispatchd.DispatchError) as err:
+            self.client.cancel(job_id)
+        self.assertEqual(err.exception.code, grpc.StatusCode.FAILED_PRECONDITION)
+
+    def test_unreachable_daemon_is_unavailable(self):
+        with dispatchd.Client("127.0.0.1:1", timeout=2) as c:
+            with self.assertRaises(dispatchd.DispatchError) as err:
+                c.status("x")
+        self.assertIn(err.exception.code,
+                      (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED))
+
+
+def _in(seconds):
+    import datetime
+    return datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=seconds)
+
+
+if __name__ == "__main__":
+    unittest.main()
