@@ -54,7 +54,7 @@ enum ExitCode : int {
 constexpr char kExitCodes[] =
     "Exit codes:\n"
     "  0  ok (submit: queued; run/status/watch: the job SUCCEEDED; cancel: the job is now\n"
-    "     CANCELLED; workers/stats/set-rate-limit/drain: ok; health: SERVING)\n"
+    "     CANCELLED; workers/stats/top/drain/set-rate-limit: ok; health: SERVING)\n"
     "  1  the job FAILED\n"
     "  2  usage error, or INVALID_ARGUMENT from the daemon\n"
     "  3  the job was CANCELLED or EXPIRED\n"
