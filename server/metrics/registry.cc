@@ -144,19 +144,21 @@ std::string Registry::Render() {
   std::map<std::string, std::string> pages;
   for (const auto& [name, f] : counters_) Scalars(&pages[name], *f, "counter");
   for (const auto& [name, f] : gauges_) Scalars(&pages[name], *f, "gauge");
-  for (const auto& [name, f] : histograms_) {
+  for (const auto& [name, family] : histograms_) {
+    // A plain reference: clang does not let a lambda capture a structured binding.
+    const Family<Histogram>& f = *family;
     std::string* out = &pages[name];
-    Header(out, *f, "histogram");
-    f->ForEach([&](const Labels& values, const Histogram& h) {
+    Header(out, f, "histogram");
+    f.ForEach([&](const Labels& values, const Histogram& h) {
       const std::vector<uint64_t> counts = h.Cumulative();
       for (size_t i = 0; i < counts.size(); ++i) {
         const std::string le = i + 1 < counts.size() ? FormatValue(h.bound(i)) : "+Inf";
-        absl::StrAppend(out, f->name(), "_bucket", LabelSet(f->label_names(), values, "le", le),
-                        " ", counts[i], "\n");
+        absl::StrAppend(out, f.name(), "_bucket", LabelSet(f.label_names(), values, "le", le), " ",
+                        counts[i], "\n");
       }
-      absl::StrAppend(out, f->name(), "_sum", LabelSet(f->label_names(), values), " ",
+      absl::StrAppend(out, f.name(), "_sum", LabelSet(f.label_names(), values), " ",
                       FormatValue(h.sum()), "\n");
-      absl::StrAppend(out, f->name(), "_count", LabelSet(f->label_names(), values), " ",
+      absl::StrAppend(out, f.name(), "_count", LabelSet(f.label_names(), values), " ",
                       counts.back(), "\n");
     });
   }
