@@ -18,6 +18,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -27,6 +28,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include <CLI/CLI.hpp>
@@ -397,9 +399,54 @@ int CmdCancel(Client& client, const std::string& id, bool json) {
   return IsTerminal(job->state()) ? kFailedPrecondition : kJobActive;
 }
 
+// On a terminal, a last line that says how long the job has been in its state, rewritten every
+// 250 ms below the lines of its state changes, and erased when the watch ends.
+class ProgressLine {
+ public:
+  ProgressLine() : thread_([this] { Run(); }) {}
+  ~ProgressLine() {
+    {
+      absl::MutexLock l(&mu_);
+      stopping_ = true;
+    }
+    thread_.join();
+    std::cout << "\r\033[K" << std::flush;
+  }
+  // Prints `line` above the progress line, which then counts from `since`.
+  void Event(const std::string& line, const std::string& state, absl::Time since) {
+    absl::MutexLock l(&mu_);
+    std::cout << "\r\033[K" << line << "\n";
+    state_ = state;
+    since_ = since;
+    DrawLocked();
+  }
+
+ private:
+  void Run() {
+    absl::MutexLock l(&mu_);
+    while (!mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::Milliseconds(250))) {
+      DrawLocked();
+    }
+  }
+  void DrawLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (state_.empty()) return;
+    const int64_t seconds = std::max<int64_t>(0, absl::ToInt64Seconds(absl::Now() - since_));
+    std::cout << "\r\033[K  " << state_ << " for " << absl::FormatDuration(absl::Seconds(seconds))
+              << " ..." << std::flush;
+  }
+
+  absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::string state_ ABSL_GUARDED_BY(mu_);
+  absl::Time since_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;
+};
+
 int CmdWatch(Client& client, const std::string& id, bool json, absl::Duration wait) {
   v1::JobState last = v1::JOB_STATE_UNSPECIFIED;
   bool any = false;
+  std::optional<ProgressLine> progress;
+  if (!json && isatty(STDOUT_FILENO)) progress.emplace();
   absl::Status s = client.Watch(
       id,
       [&](const v1::Job& job) {
@@ -407,15 +454,22 @@ int CmdWatch(Client& client, const std::string& id, bool json, absl::Duration wa
         last = job.state();
         if (json) {
           std::cout << ToJson(job) << std::endl;
+          return;
+        }
+        // The time of the change as the daemon recorded it, else when it arrived here.
+        absl::Time at = job.has_updated_at() ? FromProto(job.updated_at()) : absl::Now();
+        const std::string line =
+            absl::StrCat(absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", at, absl::UTCTimeZone()), " ",
+                         StateName(job.state()), " attempt=", job.attempt(),
+                         " worker=", job.worker_id().empty() ? "-" : job.worker_id());
+        if (progress.has_value()) {
+          progress->Event(line, StateName(job.state()), at);
         } else {
-          // The time of the change as the daemon recorded it, else when it arrived here.
-          absl::Time at = job.has_updated_at() ? FromProto(job.updated_at()) : absl::Now();
-          std::cout << absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", at, absl::UTCTimeZone()) << " "
-                    << StateName(job.state()) << " attempt=" << job.attempt()
-                    << " worker=" << (job.worker_id().empty() ? "-" : job.worker_id()) << std::endl;
+          std::cout << line << std::endl;
         }
       },
       wait);
+  progress.reset();
   if (!s.ok()) return Fail(s);
   if (!any) return kJobActive;
   return ExitForState(last);
@@ -439,9 +493,8 @@ int CmdTop(Client& client, absl::Duration interval, int iterations) {
     if (tty) page << "\033[H\033[2J";
     const v1::LeaderInfo& leader = r->leader();
     page << "dispatchd " << (leader.address().empty() ? "(no leader)" : leader.address())
-         << "  workers " << r->workers() << "  slots " << r->slots_busy() << "/"
-         << r->slots_total() << " busy  "
-         << absl::FormatTime("%H:%M:%S", now, absl::LocalTimeZone()) << "\n\n";
+         << "  workers " << r->workers() << "  slots " << r->slots_busy() << "/" << r->slots_total()
+         << " busy  " << absl::FormatTime("%H:%M:%S", now, absl::LocalTimeZone()) << "\n\n";
     std::cout << page.str();
     std::vector<std::vector<std::string>> rows = {
         {"TYPE", "QUEUED", "RUNNING", "DONE/S", "FAILED/S", "WAITING-ON"}};

@@ -5,6 +5,7 @@ DISPATCHD_TEST_PG_URL_FILE, DISPATCHD_BIN, DISPATCH_WORKER_BIN, and PYTHONPATH=b
 """
 
 import os
+import pty
 import shutil
 import subprocess
 import tempfile
@@ -138,6 +139,32 @@ class ClientTest(unittest.TestCase):
         with self.assertRaises(dispatchd.DispatchError) as err:
             self.client.cancel(job_id)
         self.assertEqual(err.exception.code, grpc.StatusCode.FAILED_PRECONDITION)
+
+    def test_dispatchctl_watch_shows_a_progress_line_on_a_terminal(self):
+        # dispatchctl, not this package: its progress line appears only on a terminal, which a
+        # pseudo-terminal from Python provides.
+        job_id = self.client.submit("echo", b"soon", not_before=_in(2.5))
+        pid, fd = pty.fork()
+        if pid == 0:
+            os.execv(os.environ["DISPATCHCTL_BIN"],
+                     ["dispatchctl", "--server", self.fx.address, "watch", job_id])
+        out = b""
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:  # the child has exited and the terminal is closed
+                break
+            if not chunk:
+                break
+            out += chunk
+        _, status = os.waitpid(pid, 0)
+        os.close(fd)
+        text = out.decode()
+        self.assertEqual(os.waitstatus_to_exitcode(status), 0, text)
+        self.assertIn("QUEUED for 1s ...", text)
+        self.assertIn(" SUCCEEDED attempt=1 worker=py-w", text)
+        self.assertTrue(text.endswith("\r\x1b[K"), repr(text[-40:]))
 
     def test_unreachable_daemon_is_unavailable(self):
         with dispatchd.Client("127.0.0.1:1", timeout=2) as c:
