@@ -44,16 +44,6 @@ const char kExpiredError[] = "capacity: no worker took the job before its dispat
 
 }  // namespace
 
-namespace {
-
-// An attempt's run time, from the worker's accept to its result, for a job that was accepted.
-void ObserveRun(const job::Job& job, absl::Time now) {
-  if (job.started_at == absl::InfinitePast()) return;
-  metrics::Metrics().run_time.With({job.spec.type}).Observe(
-      absl::ToDoubleSeconds(now - job.started_at));
-}
-
-}  // namespace
 
 void LogFinished(const std::string& job_id, job::JobState state, int32_t attempt) {
   server::Log("dispatch")
@@ -507,6 +497,21 @@ std::optional<v1::WorkerInfo> Dispatcher::DrainWorker(const std::string& worker_
   return *out;
 }
 
+Dispatcher::TypeMetrics& Dispatcher::MetricsOf(const std::string& type) {
+  auto [it, added] = type_metrics_.try_emplace(type);
+  if (added) {
+    metrics::DaemonMetrics& m = metrics::Metrics();
+    it->second = TypeMetrics{.queue_wait = &m.queue_wait.With({type}),
+                             .run_time = &m.run_time.With({type})};
+  }
+  return it->second;
+}
+
+void Dispatcher::ObserveRun(const job::Job& job, absl::Time now) {
+  if (job.started_at == absl::InfinitePast()) return;  // never accepted: it did not run
+  MetricsOf(job.spec.type).run_time->Observe(absl::ToDoubleSeconds(now - job.started_at));
+}
+
 bool Dispatcher::UpdateConfig(config::Config config) {
   return RunOnLoop([this, config = std::move(config)]() mutable {
     config_ = std::move(config);
@@ -566,9 +571,9 @@ void Dispatcher::ApplyClaims(const std::vector<sched::Dispatch>& decisions,
       continue;
     }
     job::Job& j = it->second.job;
-    metrics::Metrics()
-        .queue_wait.With({j.spec.type})
-        .Observe(absl::ToDoubleSeconds(now - std::max(j.created_at, j.spec.not_before)));
+    MetricsOf(j.spec.type)
+        .queue_wait->Observe(
+            absl::ToDoubleSeconds(now - std::max(j.created_at, j.spec.not_before)));
     j.state = JobState::kDispatched;
     j.worker_id = d.worker_id;
     v1::Assignment* a = assigns[d.worker_id].mutable_assign()->add_assignments();

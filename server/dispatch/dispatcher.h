@@ -29,6 +29,10 @@
 #include "server/store/job_store.h"
 #include "server/util/executor.h"
 
+namespace dispatchd::metrics {
+class Histogram;
+}  // namespace dispatchd::metrics
+
 namespace dispatchd::dispatch {
 
 // Logs the one line (debug, component "dispatch") that records a terminal transition this daemon
@@ -119,6 +123,15 @@ class Dispatcher {
  private:
   // The connected workers, by rank (loop-confined; Workers() and DrainWorker() wrap it).
   std::vector<v1::WorkerInfo> WorkersNow() const;
+
+  // A job type's histograms, looked up in the registry once per type rather than once per job.
+  struct TypeMetrics {
+    metrics::Histogram* queue_wait = nullptr;
+    metrics::Histogram* run_time = nullptr;
+  };
+  TypeMetrics& MetricsOf(const std::string& type);
+  // An attempt's run time, from the worker's accept to its result, for a job that was accepted.
+  void ObserveRun(const job::Job& job, absl::Time now);
 
   // A transition decided here but not yet written, because the database refused the write.
   enum class Parked { kNo, kSuccess, kFailure };
@@ -282,6 +295,7 @@ class Dispatcher {
   std::unique_ptr<server::Executor> writer_;
 
   // Loop-confined state.
+  absl::flat_hash_map<std::string, TypeMetrics> type_metrics_;
   using QueueId = std::pair<std::string, std::string>;  // (type, fairness key)
   // A queue whose QUEUED rows are not all held: every one with seq <= bound is held (or on its
   // way: JobQueued, RowsChanged), and the `unheld` ones above wait in the database. A queue with
