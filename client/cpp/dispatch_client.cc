@@ -6,10 +6,10 @@
 #include <utility>
 #include <vector>
 
-#include "absl/strings/cord.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -66,8 +66,7 @@ absl::StatusOr<std::string> ChannelTarget(absl::string_view address) {
     in_addr v4;
     if (colon == absl::string_view::npos || inet_pton(AF_INET, host.c_str(), &v4) != 1) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "address: in a list of daemons each must be a numeric IPv4 host:port, got \"", a,
-          "\""));
+          "address: in a list of daemons each must be a numeric IPv4 host:port, got \"", a, "\""));
     }
     parts.emplace_back(a);
   }
@@ -107,60 +106,43 @@ void Client::SetDeadline(grpc::ClientContext& context, absl::Duration timeout) {
 }
 
 absl::StatusOr<v1::SubmitResponse> Client::Submit(const v1::JobSpec& spec) {
-  grpc::ClientContext context;
-  SetDeadline(context, options_.default_deadline);
   v1::SubmitRequest request;
   *request.mutable_spec() = spec;
-  v1::SubmitResponse response;
-  grpc::Status status = jobs_->Submit(&context, request, &response);
-  if (!status.ok()) return FromGrpcStatus(status, &context);
-  return response;
+  return Unary(&v1::JobService::Stub::Submit, *jobs_, request, options_.default_deadline);
 }
 
-absl::StatusOr<v1::SubmitBatchResponse> Client::SubmitBatch(
-    const std::vector<v1::JobSpec>& specs) {
-  grpc::ClientContext context;
-  SetDeadline(context, options_.default_deadline);
+absl::StatusOr<v1::SubmitBatchResponse> Client::SubmitBatch(const std::vector<v1::JobSpec>& specs) {
   v1::SubmitBatchRequest request;
   request.mutable_specs()->Reserve(static_cast<int>(specs.size()));
   for (const v1::JobSpec& spec : specs) *request.add_specs() = spec;
-  v1::SubmitBatchResponse response;
-  grpc::Status status = jobs_->SubmitBatch(&context, request, &response);
-  if (!status.ok()) return FromGrpcStatus(status, &context);
-  return response;
+  return Unary(&v1::JobService::Stub::SubmitBatch, *jobs_, request, options_.default_deadline);
 }
 
 absl::StatusOr<v1::Job> Client::RunSync(const v1::JobSpec& spec, absl::Duration wait) {
-  grpc::ClientContext context;
-  SetDeadline(context, wait);
   v1::RunSyncRequest request;
   *request.mutable_spec() = spec;
-  v1::RunSyncResponse response;
-  grpc::Status status = jobs_->RunSync(&context, request, &response);
-  if (!status.ok()) return FromGrpcStatus(status, &context);
-  return std::move(*response.mutable_job());
+  absl::StatusOr<v1::RunSyncResponse> r =
+      Unary(&v1::JobService::Stub::RunSync, *jobs_, request, wait);
+  if (!r.ok()) return r.status();
+  return std::move(*r->mutable_job());
 }
 
 absl::StatusOr<v1::Job> Client::Status(absl::string_view job_id) {
-  grpc::ClientContext context;
-  SetDeadline(context, options_.default_deadline);
   v1::StatusRequest request;
   request.set_job_id(std::string(job_id));
-  v1::StatusResponse response;
-  grpc::Status status = jobs_->Status(&context, request, &response);
-  if (!status.ok()) return FromGrpcStatus(status, &context);
-  return std::move(*response.mutable_job());
+  absl::StatusOr<v1::StatusResponse> r =
+      Unary(&v1::JobService::Stub::Status, *jobs_, request, options_.default_deadline);
+  if (!r.ok()) return r.status();
+  return std::move(*r->mutable_job());
 }
 
 absl::StatusOr<v1::Job> Client::Cancel(absl::string_view job_id) {
-  grpc::ClientContext context;
-  SetDeadline(context, options_.default_deadline);
   v1::CancelRequest request;
   request.set_job_id(std::string(job_id));
-  v1::CancelResponse response;
-  grpc::Status status = jobs_->Cancel(&context, request, &response);
-  if (!status.ok()) return FromGrpcStatus(status, &context);
-  return std::move(*response.mutable_job());
+  absl::StatusOr<v1::CancelResponse> r =
+      Unary(&v1::JobService::Stub::Cancel, *jobs_, request, options_.default_deadline);
+  if (!r.ok()) return r.status();
+  return std::move(*r->mutable_job());
 }
 
 absl::Status Client::Watch(absl::string_view job_id,
@@ -177,54 +159,34 @@ absl::Status Client::Watch(absl::string_view job_id,
 }
 
 absl::StatusOr<v1::StatsResponse> Client::Stats() {
-  grpc::ClientContext context;
-  SetDeadline(context, options_.default_deadline);
-  v1::StatsResponse response;
-  grpc::Status status = admin_->Stats(&context, v1::StatsRequest(), &response);
-  if (!status.ok()) return FromGrpcStatus(status, &context);
-  return response;
+  return Unary(&v1::AdminService::Stub::Stats, *admin_, v1::StatsRequest(),
+               options_.default_deadline);
 }
 
 absl::StatusOr<v1::DrainWorkerResponse> Client::DrainWorker(absl::string_view worker_id) {
-  grpc::ClientContext context;
-  SetDeadline(context, options_.default_deadline);
   v1::DrainWorkerRequest request;
   request.set_worker_id(std::string(worker_id));
-  v1::DrainWorkerResponse response;
-  grpc::Status status = admin_->DrainWorker(&context, request, &response);
-  if (!status.ok()) return FromGrpcStatus(status, &context);
-  return response;
+  return Unary(&v1::AdminService::Stub::DrainWorker, *admin_, request, options_.default_deadline);
 }
 
 absl::StatusOr<grpc::health::v1::HealthCheckResponse::ServingStatus> Client::Health(
     absl::string_view service) {
-  grpc::ClientContext context;
-  SetDeadline(context, options_.default_deadline);
   grpc::health::v1::HealthCheckRequest request;
   request.set_service(std::string(service));
-  grpc::health::v1::HealthCheckResponse response;
-  grpc::Status status = health_->Check(&context, request, &response);
-  if (!status.ok()) return FromGrpcStatus(status, &context);
-  return response.status();
+  absl::StatusOr<grpc::health::v1::HealthCheckResponse> r =
+      Unary(&grpc::health::v1::Health::Stub::Check, *health_, request, options_.default_deadline);
+  if (!r.ok()) return r.status();
+  return r->status();
 }
 
 absl::StatusOr<v1::ListWorkersResponse> Client::ListWorkers() {
-  grpc::ClientContext context;
-  SetDeadline(context, options_.default_deadline);
-  v1::ListWorkersResponse response;
-  grpc::Status status = admin_->ListWorkers(&context, v1::ListWorkersRequest(), &response);
-  if (!status.ok()) return FromGrpcStatus(status, &context);
-  return response;
+  return Unary(&v1::AdminService::Stub::ListWorkers, *admin_, v1::ListWorkersRequest(),
+               options_.default_deadline);
 }
 
 absl::StatusOr<v1::SetRateLimitResponse> Client::SetRateLimit(
     const v1::SetRateLimitRequest& request) {
-  grpc::ClientContext context;
-  SetDeadline(context, options_.default_deadline);
-  v1::SetRateLimitResponse response;
-  grpc::Status status = admin_->SetRateLimit(&context, request, &response);
-  if (!status.ok()) return FromGrpcStatus(status, &context);
-  return response;
+  return Unary(&v1::AdminService::Stub::SetRateLimit, *admin_, request, options_.default_deadline);
 }
 
 }  // namespace dispatchd::client

@@ -104,6 +104,19 @@ class Client {
   Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options);
   // A context whose deadline is now + `timeout`.
   static void SetDeadline(grpc::ClientContext& context, absl::Duration timeout);
+  // One unary call of `stub` with a deadline `timeout` from now: its response, or its status
+  // (FromGrpcStatus, so a refusal keeps its retry-after).
+  template <typename Stub, typename Request, typename Response>
+  static absl::StatusOr<Response> Unary(
+      grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&, Response*), Stub& stub,
+      const Request& request, absl::Duration timeout) {
+    grpc::ClientContext context;
+    SetDeadline(context, timeout);
+    Response response;
+    grpc::Status status = (stub.*method)(&context, request, &response);
+    if (!status.ok()) return FromGrpcStatus(status, &context);
+    return response;
+  }
 
   const ClientOptions options_;
   std::shared_ptr<grpc::Channel> channel_;
