@@ -169,6 +169,11 @@ absl::StatusOr<v1::DrainWorkerResponse> Client::DrainWorker(absl::string_view wo
   return Unary(&v1::AdminService::Stub::DrainWorker, *admin_, request, options_.default_deadline);
 }
 
+absl::StatusOr<v1::ReloadResponse> Client::Reload() {
+  return Unary(&v1::AdminService::Stub::Reload, *admin_, v1::ReloadRequest(),
+               options_.default_deadline);
+}
+
 absl::StatusOr<grpc::health::v1::HealthCheckResponse::ServingStatus> Client::Health(
     absl::string_view service) {
   grpc::health::v1::HealthCheckRequest request;

@@ -94,6 +94,9 @@ class Client {
   // Drains a connected worker (no new jobs; it finishes what it runs, then stops). NOT_FOUND if
   // no such worker is connected.
   absl::StatusOr<v1::DrainWorkerResponse> DrainWorker(absl::string_view worker_id);
+  // Makes the daemon re-read its config file (as SIGHUP does). FAILED_PRECONDITION, naming the
+  // problem, if the file is refused; the running config then stays in force.
+  absl::StatusOr<v1::ReloadResponse> Reload();
   // The daemon's standard gRPC health status (grpc.health.v1.Health/Check) for `service` ("" for
   // the whole daemon, or e.g. "dispatchd.v1.JobService"). SERVING while the daemon reaches its
   // database and, if it leads, its dispatcher runs; NOT_FOUND for a service it does not know.

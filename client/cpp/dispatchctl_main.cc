@@ -56,14 +56,15 @@ enum ExitCode : int {
 constexpr char kExitCodes[] =
     "Exit codes:\n"
     "  0  ok (submit: queued; run/status/watch: the job SUCCEEDED; cancel: the job is now\n"
-    "     CANCELLED; workers/stats/top/drain/set-rate-limit: ok; health: SERVING)\n"
+    "     CANCELLED; workers/stats/top/drain/set-rate-limit/reload: ok; health: SERVING)\n"
     "  1  the job FAILED\n"
     "  2  usage error, or INVALID_ARGUMENT from the daemon\n"
     "  3  the job was CANCELLED or EXPIRED\n"
     "  4  the job is still active (status; also run/watch/cancel when it has not ended)\n"
     "  5  NOT_FOUND (e.g. an unknown job id, or a model no configured type uses)\n"
     "  6  RESOURCE_EXHAUSTED: admission refused, try again later (the retry-after is printed)\n"
-    "  7  FAILED_PRECONDITION (e.g. cancelling a job that already ended)\n"
+    "  7  FAILED_PRECONDITION (e.g. cancelling a job that already ended, a config file that\n"
+    "     reload refused)\n"
     "  8  daemon unreachable, DEADLINE_EXCEEDED, or any other RPC failure\n"
     "  9  health: the daemon answers but is NOT_SERVING\n"
     "Errors are printed as `dispatchctl: <GRPC_CODE>: <message>` on stderr.";
@@ -533,7 +534,7 @@ int CmdTop(Client& client, absl::Duration interval, int iterations) {
 constexpr char kBashCompletion[] = R"(# bash completion for dispatchctl
 _dispatchctl() {
   local cur=${COMP_WORDS[COMP_CWORD]} prev=${COMP_WORDS[COMP_CWORD-1]}
-  local commands="submit run status cancel watch workers stats top drain health set-rate-limit completion"
+  local commands="submit run status cancel watch workers stats top drain reload health set-rate-limit completion"
   local globals="--server --json --timeout --help"
   local i sub=""
   for ((i = 1; i < COMP_CWORD; i++)); do
@@ -573,6 +574,23 @@ int CmdDrain(Client& client, const std::string& worker_id, bool json) {
     std::cout << w.worker_id() << ": draining; " << w.busy()
               << (w.busy() == 1 ? " job finishes" : " jobs finish")
               << " first, and no new job goes to it\n";
+  }
+  return kOk;
+}
+
+int CmdReload(Client& client, bool json) {
+  absl::StatusOr<v1::ReloadResponse> r = client.Reload();
+  if (!r.ok()) return Fail(r.status());
+  if (json) {
+    std::cout << ToJson(*r) << "\n";
+    return kOk;
+  }
+  std::cout << "reloaded " << r->path() << ": " << r->types()
+            << (r->types() == 1 ? " type" : " types") << ", " << r->tiers()
+            << (r->tiers() == 1 ? " tier" : " tiers") << "\n";
+  for (const std::string& key : r->restart_only()) {
+    std::cout << "  " << key
+              << " differs in the file; it keeps its running value until a restart\n";
   }
   return kOk;
 }
@@ -806,6 +824,12 @@ int Main(int argc, char** argv) {
       "Drain a worker: it gets no new jobs, finishes those it runs, and (dispatch-worker) exits.\n"
       "  Example: dispatchctl drain gpu-host-3-gpu0   (ids as dispatchctl workers lists them)");
   drain->add_option("WORKER", drain_worker, "Worker id")->required();
+  CLI::App* reload = app.add_subcommand(
+      "reload",
+      "Make the daemon re-read its config file, as SIGHUP does: types, tiers, rate limits and\n"
+      "  thresholds change at once; a file that does not load is refused (exit 7) and the running\n"
+      "  config stays. With several daemons, reload each.\n"
+      "  Example: dispatchctl --server 10.0.0.5:7411 reload");
   std::string health_service;
   CLI::App* health = app.add_subcommand(
       "health",
@@ -829,9 +853,8 @@ int Main(int argc, char** argv) {
   auto* clear = set_rate_limit->add_flag("--clear", rate_flags.clear, "Remove the limit");
   rpm->excludes(rps);
   clear->excludes(rpm)->excludes(rps)->excludes(burst);
-  for (CLI::App* sub :
-       {submit, run, status, cancel, watch, workers, stats, set_rate_limit, drain, health, top,
-        completion}) {
+  for (CLI::App* sub : {submit, run, status, cancel, watch, workers, stats, set_rate_limit, drain,
+                        reload, health, top, completion}) {
     sub->footer(kExitCodes);
   }
 
@@ -867,6 +890,7 @@ int Main(int argc, char** argv) {
   if (stats->parsed()) return CmdStats(**client, json);
   if (set_rate_limit->parsed()) return CmdSetRateLimit(**client, rate_flags, json);
   if (drain->parsed()) return CmdDrain(**client, drain_worker, json);
+  if (reload->parsed()) return CmdReload(**client, json);
   if (top->parsed()) {
     absl::StatusOr<absl::Duration> interval = ParseDurationFlag("--interval", top_interval);
     if (!interval.ok()) return Usage(interval.status().message());

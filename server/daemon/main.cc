@@ -14,7 +14,9 @@
 #include <string>
 
 #include "CLI/CLI.hpp"
+#include "absl/base/thread_annotations.h"
 #include "absl/random/random.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -149,32 +151,54 @@ void AddMetricsCollectors(const config::LiveConfig& live, const ha::Leadership& 
   });
 }
 
-// SIGHUP: re-reads the config file and applies what can change while the daemon runs (see
-// config::MergeReload); a file that does not load is refused and the running config stays.
-void Reload(const std::string& path, config::LiveConfig& live, sched::AdmissionGate& admission,
-            ha::Leadership& leadership) {
-  auto log = server::Log("main");
-  log->info("SIGHUP: reloading {}", path);
-  server::NotifySystemd("RELOADING=1\nSTATUS=reloading the config");
-  absl::StatusOr<config::Config> loaded = server::LoadConfigFile(path);
-  if (!loaded.ok()) {
-    log->error("reload refused, the running config stays in force: {}", loaded.status().message());
-    server::NotifySystemd("READY=1\nSTATUS=serving; the last reload was refused (see the log)");
-    return;
+// SIGHUP and AdminService.Reload: re-reads the config file and applies what can change while
+// the daemon runs (see config::MergeReload); a file that does not load is refused and the
+// running config stays. One reload at a time.
+class Reloader {
+ public:
+  Reloader(std::string path, config::LiveConfig& live, sched::AdmissionGate& admission,
+           ha::Leadership& leadership)
+      : path_(std::move(path)), live_(live), admission_(admission), leadership_(leadership) {}
+
+  absl::StatusOr<v1::ReloadResponse> Reload(absl::string_view trigger) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock l(&mu_);
+    auto log = server::Log("main");
+    log->info("{}: reloading {}", trigger, path_);
+    server::NotifySystemd("RELOADING=1\nSTATUS=reloading the config");
+    absl::StatusOr<config::Config> loaded = server::LoadConfigFile(path_);
+    if (!loaded.ok()) {
+      log->error("reload refused, the running config stays in force: {}",
+                 loaded.status().message());
+      server::NotifySystemd("READY=1\nSTATUS=serving; the last reload was refused (see the log)");
+      return absl::FailedPreconditionError(absl::StrCat(
+          "reload refused, the running config stays in force: ", loaded.status().message()));
+    }
+    v1::ReloadResponse out;
+    out.set_path(path_);
+    std::vector<std::string> restart_only;
+    config::Config merged = config::MergeReload(*live_.Get(), *loaded, &restart_only);
+    for (const std::string& key : restart_only) {
+      log->warn("reload: {} differs in the file; it keeps its running value until a restart", key);
+      out.add_restart_only(key);
+    }
+    server::SetLogLevel(merged.log_level);
+    admission_.UpdateConfig(merged);
+    leadership_.UpdateConfig(merged);
+    out.set_types(static_cast<int32_t>(merged.types.size()));
+    out.set_tiers(static_cast<int32_t>(merged.tiers.size()));
+    live_.Set(std::move(merged));
+    log->info("reloaded config types={} tiers={}", out.types(), out.tiers());
+    server::NotifySystemd("READY=1\nSTATUS=serving; config reloaded");
+    return out;
   }
-  std::vector<std::string> restart_only;
-  config::Config merged = config::MergeReload(*live.Get(), *loaded, &restart_only);
-  for (const std::string& key : restart_only) {
-    log->warn("reload: {} differs in the file; it keeps its running value until a restart", key);
-  }
-  server::SetLogLevel(merged.log_level);
-  admission.UpdateConfig(merged);
-  leadership.UpdateConfig(merged);
-  const size_t types = merged.types.size(), tiers = merged.tiers.size();
-  live.Set(std::move(merged));
-  log->info("reloaded config types={} tiers={}", types, tiers);
-  server::NotifySystemd("READY=1\nSTATUS=serving; config reloaded");
-}
+
+ private:
+  const std::string path_;
+  config::LiveConfig& live_;
+  sched::AdmissionGate& admission_;
+  ha::Leadership& leadership_;
+  absl::Mutex mu_;
+};
 
 int Run(int argc, char** argv) {
   CLI::App app{"dispatchd: a job-dispatch daemon for GPU fleets"};
@@ -272,7 +296,10 @@ int Run(int argc, char** argv) {
   store::RetentionKeeper retention(**store);
   rpc::JobServiceImpl job_service(live, **store, inserter, leadership, events, executor, clock);
   rpc::WorkerServiceImpl worker_service(leadership);
-  rpc::AdminServiceImpl admin_service(live, **store, leadership, executor);
+  Reloader reloader(config_path, live, admission, leadership);
+  rpc::AdminServiceImpl admin_service(live, **store, leadership, executor, [&reloader] {
+    return reloader.Reload("AdminService.Reload");
+  });
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -348,7 +375,7 @@ int Run(int argc, char** argv) {
 
   int sig = 0;
   while (sigwait(&signals, &sig) == 0 && sig == SIGHUP) {
-    Reload(config_path, live, admission, leadership);
+    (void)reloader.Reload("SIGHUP");
   }
   log->info("stopping signal={}", sig == SIGTERM ? "SIGTERM" : "SIGINT");
   server::NotifySystemd("STOPPING=1\nSTATUS=stopping");

@@ -209,6 +209,26 @@ grpc::ServerUnaryReactor* AdminServiceImpl::DrainWorker(grpc::CallbackServerCont
   return reactor;
 }
 
+grpc::ServerUnaryReactor* AdminServiceImpl::Reload(grpc::CallbackServerContext* ctx,
+                                                   const v1::ReloadRequest* /*req*/,
+                                                   v1::ReloadResponse* resp) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  if (!reload_) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "reload: not available here"));
+    return reactor;
+  }
+  executor_.Schedule([this, resp, reactor] {
+    absl::StatusOr<v1::ReloadResponse> done = reload_();
+    if (!done.ok()) {
+      reactor->Finish(server::ToGrpcStatus(done.status()));
+      return;
+    }
+    *resp = *std::move(done);
+    reactor->Finish(grpc::Status::OK);
+  });
+  return reactor;
+}
+
 grpc::ServerUnaryReactor* AdminServiceImpl::SetRateLimit(grpc::CallbackServerContext* ctx,
                                                          const v1::SetRateLimitRequest* req,
                                                          v1::SetRateLimitResponse* resp) {

@@ -1,5 +1,9 @@
 #pragma once
 
+#include <functional>
+#include <utility>
+
+#include "absl/status/statusor.h"
 #include "dispatchd/v1/admin_service.grpc.pb.h"
 #include "lib/config/config.h"
 #include "lib/config/live_config.h"
@@ -13,10 +17,17 @@ namespace dispatchd::rpc {
 // standby answers ListWorkers and SetRateLimit UNAVAILABLE, naming the leader. Thread-safe.
 class AdminServiceImpl final : public v1::AdminService::CallbackService {
  public:
+  // Re-reads the config file and applies it (the daemon's SIGHUP path); an error status when
+  // the file is refused. Blocking; called on the executor.
+  using Reloader = std::function<absl::StatusOr<v1::ReloadResponse>()>;
+
   AdminServiceImpl(const config::LiveConfig& config, store::JobStore& store,
-                   ha::Leadership& leadership,
-                   server::Executor& executor)
-      : config_(config), store_(store), leadership_(leadership), executor_(executor) {}
+                   ha::Leadership& leadership, server::Executor& executor, Reloader reload)
+      : config_(config),
+        store_(store),
+        leadership_(leadership),
+        executor_(executor),
+        reload_(std::move(reload)) {}
 
   grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* ctx, const v1::StatsRequest* req,
                                   v1::StatsResponse* resp) override;
@@ -29,6 +40,8 @@ class AdminServiceImpl final : public v1::AdminService::CallbackService {
   grpc::ServerUnaryReactor* DrainWorker(grpc::CallbackServerContext* ctx,
                                         const v1::DrainWorkerRequest* req,
                                         v1::DrainWorkerResponse* resp) override;
+  grpc::ServerUnaryReactor* Reload(grpc::CallbackServerContext* ctx, const v1::ReloadRequest* req,
+                                   v1::ReloadResponse* resp) override;
 
   // Fairness keys listed in a StatsResponse (the lowest-cost ones); `keys_total` counts all.
   static constexpr size_t kMaxStatsKeys = 100;
@@ -38,6 +51,7 @@ class AdminServiceImpl final : public v1::AdminService::CallbackService {
   store::JobStore& store_;
   ha::Leadership& leadership_;
   server::Executor& executor_;
+  const Reloader reload_;
 };
 
 }  // namespace dispatchd::rpc

@@ -1,6 +1,7 @@
-// SIGHUP re-reads the config file while jobs flow: a new rate limit holds at once, a new type is
-// accepted, a change that needs a restart is named and left alone, and a file that does not load
-// is refused with the running config left in force. No job is lost across any of it.
+// SIGHUP (or AdminService.Reload) re-reads the config file while jobs flow: a new rate limit holds
+// at once, a new type is accepted, a change that needs a restart is named and left alone, and a
+// file that does not load is refused with the running config left in force. No job is lost across
+// any of it.
 
 #include <algorithm>
 #include <fstream>
@@ -168,6 +169,33 @@ TEST_F(ReloadTest, InvalidFileIsRefusedAndTheRunningConfigStays) {
   // Three jobs through a 1/s bucket with burst 1 take at least 2 s.
   EXPECT_GE(last_llm - submitted, absl::Milliseconds(1900));
   EXPECT_EQ(daemon_->process().Running(), true);
+}
+
+TEST_F(ReloadTest, ReloadCallAppliesTheFileOrRefusesItNamingTheProblem) {
+  // A file that does not load: exit 7 (FAILED_PRECONDITION) with the reason, nothing changes.
+  std::ofstream(daemon_->config_path())
+      << absl::StrReplaceAll(original_ + "  - name: fresh\n", {{"rpm: 60\n", "rpm: -5\n"}});
+  CommandResult refused = daemon_->Ctl({"reload"});
+  EXPECT_EQ(refused.exit_code, 7) << refused.out << refused.err;
+  EXPECT_THAT(refused.err, HasSubstr("FAILED_PRECONDITION"));
+  EXPECT_THAT(refused.err, HasSubstr("the running config stays in force"));
+  EXPECT_THAT(refused.err, HasSubstr("types[1].rpm"));
+  EXPECT_FALSE(daemon_->Submit(Spec("fresh", "x")).ok());
+
+  // A good one: applied before the call returns, restart-only keys named in the answer.
+  std::ofstream(daemon_->config_path()) << absl::StrReplaceAll(
+      original_ + "  - name: fresh\n", {{"orphan_grace: 5s\n", "orphan_grace: 7s\n"}});
+  CommandResult applied = daemon_->Ctl({"reload"});
+  ASSERT_EQ(applied.exit_code, 0) << applied.out << applied.err;
+  EXPECT_THAT(applied.out, HasSubstr("reloaded " + daemon_->config_path() + ": 3 types, 0 tiers"));
+  EXPECT_THAT(applied.out, HasSubstr("orphan_grace differs in the file"));
+  CommandResult json = daemon_->Ctl({"--json", "reload"});
+  ASSERT_EQ(json.exit_code, 0) << json.err;
+  EXPECT_THAT(json.out, HasSubstr("\"restart_only\":[\"orphan_grace\"]"));
+  const std::vector<std::string> ids = SubmitMany("fresh", 2);
+  std::vector<v1::Job> jobs;
+  ASSERT_TRUE(daemon_->WaitForTerminal(ids, &jobs, absl::Seconds(60)));
+  for (const v1::Job& j : jobs) EXPECT_EQ(j.state(), v1::JOB_STATE_SUCCEEDED);
 }
 
 }  // namespace

@@ -304,7 +304,7 @@ TEST(DispatchctlNoDaemonTest, EverySubcommandsHelpShowsAnExample) {
   ASSERT_EQ(top.Wait(absl::Seconds(10)), 0);
   const std::string top_help = top.out();
   for (const char* sub : {"submit", "run", "status", "cancel", "watch", "workers", "stats",
-                          "health", "set-rate-limit", "drain", "top", "completion"}) {
+                          "health", "set-rate-limit", "drain", "reload", "top", "completion"}) {
     EXPECT_THAT(top_help, ::testing::HasSubstr(absl::StrCat("\n  ", sub, " "))) << sub;
     fake::Subprocess help({DISPATCHCTL_BIN, sub, "--help"}, tmp.path() + "/help-" + sub);
     ASSERT_EQ(help.Wait(absl::Seconds(10)), 0) << sub;
