@@ -182,7 +182,10 @@ bool WaitFor(const std::function<bool()>& done, absl::Duration timeout) {
 
 std::string DispatchdBin() { return DISPATCHD_BIN; }
 std::string DispatchctlBin() { return DISPATCHCTL_BIN; }
-std::string WorkerBin() { return DISPATCH_WORKER_BIN; }
+std::string WorkerBin() {
+  const char* other = std::getenv("DISPATCHD_TEST_WORKER_BIN");
+  return other != nullptr && *other != '\0' ? other : DISPATCH_WORKER_BIN;
+}
 
 TempDir::TempDir() {
   char tmpl[] = "/tmp/dispatchd-e2e.XXXXXX";

@@ -60,7 +60,9 @@ CommandResult RunCommand(const std::vector<std::string>& argv,
 // Polls `done` every 50 ms until it returns true or `timeout` passes; returns its last answer.
 bool WaitFor(const std::function<bool()>& done, absl::Duration timeout);
 
-// Paths of the binaries under test (compiled in by CMake).
+// Paths of the binaries under test (compiled in by CMake). WorkerBin() is the environment's
+// DISPATCHD_TEST_WORKER_BIN where set: another worker with dispatch-worker's command line (the
+// Python SDK's reference worker runs the same tests that way).
 std::string DispatchdBin();
 std::string DispatchctlBin();
 std::string WorkerBin();

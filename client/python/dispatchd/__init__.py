@@ -6,6 +6,11 @@
     job = client.run("echo", b"hello", wait=30)       # waits for the job to end
     print(dispatchd.state_name(job.state), job.result)
 
+    def embed(job):                       # a worker: runs each job on a thread of its own
+        return model.embed(job.payload)   # the output (bytes or str); raise JobFailed to fail
+    dispatchd.Worker("127.0.0.1:7411", worker_id="gpu-1", types=["llm.embed"], slots=2,
+                     handler=embed).run()
+
 The package is built with the daemon (`build/client/python`: these sources next to the modules
 generated from proto/); put that directory on PYTHONPATH. It needs Debian's python3-grpcio and
 python3-protobuf and nothing else.
@@ -17,4 +22,14 @@ from dispatchd.client import (  # noqa: F401
     TERMINAL_STATES,
     state_name,
 )
+from dispatchd.worker import (  # noqa: F401
+    Gpu,
+    Job,
+    JobFailed,
+    MemoryReport,
+    Worker,
+)
 from dispatchd.v1 import job_pb2  # noqa: F401  (Job, JobSpec, JobState)
+
+__all__ = ["Client", "DispatchError", "TERMINAL_STATES", "state_name", "Gpu", "Job", "JobFailed",
+           "MemoryReport", "Worker", "job_pb2"]

@@ -1,0 +1,777 @@
+"""dispatchd.Worker: serves dispatchd jobs over one WorkerService.Connect stream.
+
+    def embed(job):                       # runs on a thread of its own
+        return model.embed(job.payload)   # bytes (or str) is the job's output
+
+    worker = dispatchd.Worker("127.0.0.1:7411", worker_id="gpu-1", types=["llm.embed"],
+                              slots=2, handler=embed)
+    worker.run()   # until shutdown(), or drain() and its jobs are done
+
+It behaves as the C++ SDK (client/cpp/worker.h) does:
+
+- The worker is the authority on its own capacity: an assignment is accepted only while fewer
+  than `max_concurrent` jobs execute, and refused RESOURCE_EXHAUSTED otherwise, whatever the
+  daemon believes.
+- Each handler runs on a pool thread while it runs. A handler ends its job by returning the
+  output, or by raising JobFailed (with `retryable` if another attempt may succeed); any other
+  exception fails the job, not retryable.
+- Results are kept until the daemon acknowledges them and are sent again after every
+  reconnect. Jobs keep running while the stream is down; the worker reconnects with jittered
+  exponential backoff, reports the jobs it holds in Hello, and cancels those the daemon does not
+  re-adopt.
+- Heartbeats carry the jobs held, resident models, RAM and GPU memory.
+- A standby daemon's Redirect sends the worker to the leader; after a failed attempt it tries the
+  next address of `server` (comma-separated).
+- drain() (or the daemon's Drain) refuses new work, lets running jobs finish and their results be
+  acknowledged, then run() returns; shutdown() cancels running jobs and returns at once.
+
+Answers, results and acknowledgements that are ready together travel in one message (Batch,
+ResultAcks) when the daemon supports it.
+"""
+
+import collections
+import concurrent.futures
+import datetime
+import functools
+import logging
+import random
+import threading
+import time
+
+import grpc
+
+from dispatchd.v1 import worker_service_pb2 as pb
+from dispatchd.v1 import worker_service_pb2_grpc as pb_grpc
+
+_log = logging.getLogger("dispatchd.worker")
+
+# Outputs larger than this fail the job instead (the daemon's gRPC message limit would refuse
+# the Result, again after every reconnect).
+DEFAULT_MAX_OUTPUT_BYTES = 4 * 1024 * 1024 - 64 * 1024
+# Results in one Batch at most (a larger result goes alone), well below the daemon's limit.
+_MAX_BATCH_BYTES = 1 << 20
+
+Gpu = collections.namedtuple("Gpu", "id memory_total_bytes")
+Gpu.__doc__ = "One GPU on the worker's host: an id (index or UUID) and its memory in bytes."
+
+MemoryReport = collections.namedtuple("MemoryReport",
+                                      "ram_used_bytes ram_total_bytes gpu_used_bytes",
+                                      defaults=((),))
+MemoryReport.__doc__ = ("Memory in use, for heartbeats: host RAM, and per GPU of `gpus` the "
+                        "bytes in use. The daemon stops sending jobs to a worker over its "
+                        "throttle thresholds.")
+
+
+class JobFailed(Exception):
+    """Raised by a handler to fail its job with `message`; `retryable` asks for another attempt
+    (the daemon requeues while attempts remain)."""
+
+    def __init__(self, message, retryable=False):
+        super().__init__(message)
+        self.message = message
+        self.retryable = retryable
+
+
+class Job:
+    """What a handler sees of its job, and its cancellation signal (thread-safe)."""
+
+    def __init__(self, assignment):
+        self.assignment = assignment
+        self.job_id = assignment.job_id
+        self.attempt = assignment.attempt
+        self.type = assignment.type
+        self.payload = assignment.payload
+        self.resource_id = assignment.resource_id
+        self.model = assignment.model
+        # When this attempt times out (the daemon cancels it then); None if unset.
+        self.deadline = (assignment.deadline.ToDatetime(tzinfo=datetime.timezone.utc)
+                         if assignment.HasField("deadline") else None)
+        self._cancelled = threading.Event()
+        self._reason = ""
+        self._lock = threading.Lock()
+
+    @property
+    def cancelled(self):
+        """True once the daemon cancelled the job (client cancel, timeout, not re-adopted) or the
+        worker shuts down. The handler decides what to do; whatever it returns is reported."""
+        return self._cancelled.is_set()
+
+    @property
+    def cancel_reason(self):
+        """Why it was cancelled ("" while it is not)."""
+        with self._lock:
+            return self._reason
+
+    def wait_for_cancellation(self, timeout):
+        """Blocks until cancelled or `timeout` seconds pass; returns `cancelled`."""
+        return self._cancelled.wait(timeout)
+
+    def cancel(self, reason):
+        """Cancels the job; idempotent (the first reason wins). Called by the SDK."""
+        with self._lock:
+            if self._cancelled.is_set():
+                return
+            self._reason = reason
+            self._cancelled.set()
+
+
+def _read_meminfo():
+    """Host RAM (used, total) in bytes from /proc/meminfo; zeros where it cannot be read."""
+    total = available = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                if key == "MemTotal":
+                    total = int(rest.split()[0]) * 1024
+                elif key == "MemAvailable":
+                    available = int(rest.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    if not total or available is None:
+        return 0, total or 0
+    return total - available, total
+
+
+def _held(key):
+    return pb.HeldJob(job_id=key[0], attempt=key[1])
+
+
+_BATCHABLE = frozenset({"accept", "reject", "result"})
+
+
+class _Session:
+    """One WorkerService.Connect call. Messages are written through a queue that gRPC's request
+    iterator drains; when the daemon reads Batch messages, the answers and results waiting in
+    the queue together go out as one.
+
+    gRPC asks the iterator for the next message only once the last one was sent, and never again
+    once the call has ended: a message's `on_sent(True)` runs then, when it has reached the
+    transport, as a C++ ClientReaderWriter::Write returning true would say. Messages the call
+    ended before sending get `on_sent(False)` from fail_unsent()."""
+
+    def __init__(self, target):
+        self.target = target
+        self.channel = grpc.insecure_channel(target, options=[
+            ("grpc.max_receive_message_length", -1),
+            ("grpc.max_send_message_length", -1),
+        ])
+        self.stub = pb_grpc.WorkerServiceStub(self.channel)
+        self.batching = False  # set from Welcome, before any result is sent
+        self._cv = threading.Condition()
+        self._out = collections.deque()  # (message, on_sent or None)
+        self._in_flight = []  # on_sent callbacks of the message gRPC is sending
+        self._closed = False  # no more writes; the request stream ends after what is queued
+        self._ended = False  # the call is over: nothing more is sent
+        self._call = None
+        self._cancelled = False
+
+    def write(self, message, on_sent=None):
+        """Queues a message; False once the session is closed (the caller relies on a resend
+        after the next reconnect). `on_sent(bool)` learns whether it was sent."""
+        with self._cv:
+            if self._closed:
+                return False
+            self._out.append((message, on_sent))
+            self._cv.notify()
+            return True
+
+    def close(self):
+        """No more writes: the request stream ends (WritesDone) after what is queued."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify()
+
+    def fail_unsent(self):
+        """After the call ended: what it did not send is never sent."""
+        with self._cv:
+            self._closed = self._ended = True
+            callbacks = self._in_flight + [cb for _, cb in self._out if cb is not None]
+            self._in_flight = []
+            self._out.clear()
+            self._cv.notify()
+        for cb in callbacks:
+            cb(False)
+
+    def start(self):
+        call = self.stub.Connect(self._requests())
+        with self._cv:
+            self._call = call
+            cancel = self._cancelled
+        if cancel:
+            call.cancel()
+        return call
+
+    def cancel(self):
+        """Ends the call at once (also before start(): it is then cancelled as it starts)."""
+        with self._cv:
+            self._cancelled = True
+            call = self._call
+        if call is not None:
+            call.cancel()
+
+    def _requests(self):
+        while True:
+            # Asked for more: what was yielded last has been sent.
+            with self._cv:
+                sent, self._in_flight = self._in_flight, []
+            for cb in sent:
+                cb(True)
+            with self._cv:
+                self._cv.wait_for(lambda: self._out or self._closed)
+                if not self._out or self._ended:
+                    parts = []
+                else:
+                    parts = [self._out.popleft()]
+                    kind = parts[0][0].WhichOneof("msg")
+                    if self.batching and kind in _BATCHABLE:
+                        # Gather the answers and results queued behind it into one Batch.
+                        size = parts[0][0].ByteSize()
+                        while (self._out and size < _MAX_BATCH_BYTES and
+                               self._out[0][0].WhichOneof("msg") in _BATCHABLE):
+                            parts.append(self._out.popleft())
+                            size += parts[-1][0].ByteSize()
+                    self._in_flight = [cb for _, cb in parts if cb is not None]
+            if not parts:
+                return
+            if len(parts) == 1:
+                yield parts[0][0]
+                continue
+            batch = pb.Batch()
+            for message, _ in parts:
+                kind = message.WhichOneof("msg")
+                if kind == "accept":
+                    batch.accepts.append(message.accept)
+                elif kind == "reject":
+                    batch.rejects.append(message.reject)
+                else:
+                    batch.results.append(message.result)
+            yield pb.WorkerMessage(batch=batch)
+
+
+class _RunningJob:
+    __slots__ = ("key", "job", "drop_result")
+
+    def __init__(self, key, job):
+        self.key = key
+        self.job = job
+        # Not re-adopted after a reconnect: cancelled, and its outcome is not reported.
+        self.drop_result = False
+
+
+class Worker:
+    """Serves jobs to the daemon. run() blocks; drain(), shutdown() and set_models_resident()
+    are thread-safe and may be called from any thread, a handler included."""
+
+    def __init__(self, server, *, worker_id, types, handler, slots=1, max_concurrent=0,
+                 labels=None, models_resident=(), gpus=(), memory_probe=None,
+                 reconnect_min=0.1, reconnect_max=5.0, welcome_timeout=30.0,
+                 default_heartbeat_interval=5.0, drain_result_timeout=30.0,
+                 max_output_bytes=DEFAULT_MAX_OUTPUT_BYTES):
+        """ValueError naming the argument for an empty server, worker_id or type list, slots < 1,
+        max_concurrent < 0, a handler that is not callable, or non-positive timings.
+
+        server: host:port, or several comma-separated for daemons sharing one database.
+        handler: called with a Job; returns the output (bytes, str or None) or raises JobFailed.
+        max_concurrent: jobs executing at once, more are refused; 0 means `slots`.
+        gpus: Gpu(id, memory_total_bytes) each; the daemon places a model here only if the VRAM
+            of its models fits in their total. None reported: no limit.
+        memory_probe: returns a MemoryReport for each heartbeat (default: host RAM from
+            /proc/meminfo, no GPU use).
+        Timings are in seconds."""
+        if not server:
+            raise ValueError("server: empty")
+        servers = [a.strip() for a in server.split(",")]
+        if any(not a for a in servers):
+            raise ValueError(f'server: empty address in "{server}"')
+        if not worker_id:
+            raise ValueError("worker_id: empty")
+        if isinstance(types, str):
+            raise ValueError("types: a list of type names, not a string")
+        types = list(types)
+        if not types:
+            raise ValueError("types: at least one is required")
+        if any(not t for t in types):
+            raise ValueError("types: empty type name")
+        if slots < 1:
+            raise ValueError(f"slots: must be >= 1, got {slots}")
+        if max_concurrent < 0:
+            raise ValueError(f"max_concurrent: must be >= 0, got {max_concurrent}")
+        if not callable(handler):
+            raise ValueError("handler: not callable")
+        if reconnect_min <= 0 or reconnect_max < reconnect_min:
+            raise ValueError("reconnect_min/reconnect_max: need 0 < min <= max")
+        if welcome_timeout <= 0 or default_heartbeat_interval <= 0 or drain_result_timeout < 0:
+            raise ValueError("welcome_timeout/default_heartbeat_interval/drain_result_timeout: "
+                             "must be > 0")
+        self.worker_id = worker_id
+        self._servers = servers
+        self._server = server
+        self._types = types
+        self._type_set = frozenset(types)
+        self._handler = handler
+        self._slots = slots
+        self._max_concurrent = max_concurrent or slots
+        self._labels = dict(labels or {})
+        self._gpus = [Gpu(*g) for g in gpus]
+        self._memory_probe = memory_probe
+        self._reconnect_min = reconnect_min
+        self._reconnect_max = reconnect_max
+        self._welcome_timeout = welcome_timeout
+        self._drain_result_timeout = drain_result_timeout
+        self._max_output_bytes = max_output_bytes
+
+        self._cv = threading.Condition()
+        self._run_called = False
+        self._shutdown = False
+        self._draining = False
+        self._jobs_done_at = None  # monotonic time the drain found no job running
+        self._models_resident = list(models_resident)
+        self._session = None
+        self._welcomed = False
+        self._heartbeat_interval = default_heartbeat_interval
+        self._default_heartbeat_interval = default_heartbeat_interval
+        self._running = {}  # (job id, attempt) -> _RunningJob, until its handler returns
+        self._unacked = {}  # (job id, attempt) -> WorkerMessage(result), until acknowledged
+        # Handler threads, started as jobs need them and kept for the next jobs.
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=self._max_concurrent, thread_name_prefix="dispatchd-job")
+
+    # -- public -----------------------------------------------------------------------------
+
+    def run(self):
+        """Connects, serves and reconnects until shutdown() or a completed drain."""
+        with self._cv:
+            if self._run_called:
+                raise RuntimeError("run: already called")
+            self._run_called = True
+        _log.info("starting worker=%s server=%s types=%s slots=%d max_concurrent=%d",
+                  self.worker_id, self._server, ",".join(self._types), self._slots,
+                  self._max_concurrent)
+        failures = 0
+        next_server = 0
+        target = self._servers[0]
+        while True:
+            with self._cv:
+                if self._stop_locked():
+                    break
+            end, redirect_to = self._run_session(target)
+            if end == "redirected" and redirect_to and redirect_to != target:
+                # A standby named the leader: go there at once (a failure starts the list again).
+                _log.info("redirected worker=%s from=%s to leader=%s", self.worker_id, target,
+                          redirect_to)
+                target = redirect_to
+                failures = 0
+                continue
+            if end != "welcomed":
+                # The leader may have moved: try the next configured daemon.
+                next_server = (next_server + 1) % len(self._servers)
+                target = self._servers[next_server]
+            failures = 0 if end == "welcomed" else min(failures + 1, 30)
+            delay = min(self._reconnect_min * 2 ** max(failures - 1, 0), self._reconnect_max)
+            # Jitter: uniform in [delay/2, delay], never below reconnect_min.
+            delay = max(self._reconnect_min, random.uniform(delay / 2, delay))
+            with self._cv:
+                if self._stop_locked():
+                    break
+                _log.info("reconnecting worker=%s in=%.3fs", self.worker_id, delay)
+                self._cv.wait_for(self._stop_locked, delay)
+        with self._cv:
+            reason = "shutdown" if self._shutdown else "drained"
+            if self._unacked:
+                _log.warning("stopped worker=%s reason=%s undelivered_results=%d",
+                             self.worker_id, reason, len(self._unacked))
+            else:
+                _log.info("stopped worker=%s reason=%s", self.worker_id, reason)
+
+    def drain(self):
+        """Stops taking work: tells the daemon, refuses new assignments (REASON_DRAINING), lets
+        running jobs finish and their results be acknowledged (up to drain_result_timeout), then
+        run() returns. Idempotent."""
+        with self._cv:
+            if self._draining or self._shutdown:
+                return
+            self._draining = True
+            if not self._running:
+                self._jobs_done_at = time.monotonic()
+            session = self._session if self._welcomed else None
+            _log.info("draining worker=%s running=%d", self.worker_id, len(self._running))
+            self._cv.notify_all()
+        if session is not None:
+            session.write(pb.WorkerMessage(draining=pb.Draining()))
+
+    def shutdown(self):
+        """Stops now: cancels running jobs, closes the stream, and run() returns. Idempotent."""
+        with self._cv:
+            if self._shutdown:
+                return
+            self._shutdown = True
+            for running in self._running.values():
+                running.job.cancel("worker shutting down")
+            session = self._session
+            self._cv.notify_all()
+        _log.info("shutting down worker=%s", self.worker_id)
+        if session is not None:
+            session.cancel()
+
+    def close(self):
+        """shutdown(), then waits for every handler to return."""
+        self.shutdown()
+        with self._cv:
+            self._cv.wait_for(lambda: not self._running)
+        self._pool.shutdown(wait=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def set_models_resident(self, models):
+        """Replaces the models reported as resident in heartbeats (and the next Hello)."""
+        with self._cv:
+            self._models_resident = list(models)
+
+    @property
+    def running_jobs(self):
+        """Jobs executing now (including any whose result will be dropped)."""
+        with self._cv:
+            return len(self._running)
+
+    # -- sessions ---------------------------------------------------------------------------
+
+    def _drain_done_locked(self):
+        return (self._draining and not self._running and
+                (not self._unacked or
+                 time.monotonic() >= self._jobs_done_at + self._drain_result_timeout))
+
+    def _stop_locked(self):
+        return self._shutdown or self._drain_done_locked()
+
+    def _run_session(self, target):
+        """One connection attempt: Hello, Welcome, then messages until the stream ends. Returns
+        ("welcomed" | "redirected" | "failed", the leader's address on a redirect)."""
+        session = _Session(target)
+        hello = pb.Hello(worker_id=self.worker_id, types=self._types, slots=self._slots,
+                         labels=self._labels, batching=True,
+                         gpus=[pb.Gpu(id=g.id, memory_total_bytes=g.memory_total_bytes)
+                               for g in self._gpus])
+        with self._cv:
+            if self._shutdown:
+                session.channel.close()
+                return "failed", ""
+            self._session = session
+            self._welcomed = False
+            hello.models_resident.extend(self._models_resident)
+            hello.running_jobs.extend(_held(k) for k, r in self._running.items()
+                                      if not r.drop_result)
+            # Finished jobs whose results were never acknowledged are still held: the daemon must
+            # keep their attempts current until the results arrive, or it would run them again.
+            hello.running_jobs.extend(_held(k) for k in self._unacked if k not in self._running)
+        session.write(pb.WorkerMessage(hello=hello))
+        timer = threading.Thread(target=self._session_timer, args=(session,),
+                                 name="dispatchd-session", daemon=True)
+        timer.start()
+
+        welcomed = redirected = False
+        redirect_to = ""
+        error = None
+        try:
+            call = session.start()
+            responses = iter(call)
+            first = next(responses, None)
+            kind = first.WhichOneof("msg") if first is not None else None
+            if kind == "welcome":
+                welcomed = True
+                self._handle_welcome(session, first.welcome)
+            elif kind == "redirect":
+                redirected = True
+                redirect_to = first.redirect.leader_address
+                _log.info("standby answered worker=%s server=%s message=%s", self.worker_id,
+                          target, first.redirect.message)
+            elif kind is not None:
+                _log.warning("protocol error worker=%s detail=first message is not Welcome (%s)",
+                             self.worker_id, kind)
+                session.cancel()
+            if welcomed:
+                for message in responses:
+                    self._handle_message(session, message)
+        except grpc.RpcError as e:
+            error = e
+        finally:
+            with self._cv:
+                if self._session is session:
+                    self._session = None
+                self._welcomed = False
+                self._cv.notify_all()
+            session.fail_unsent()
+            timer.join()
+            session.cancel()
+            session.channel.close()
+
+        with self._cv:
+            quiet = self._stop_locked()
+        code = error.code().name if error is not None else "OK"
+        detail = error.details() if error is not None else ""
+        if quiet or redirected:
+            _log.info("stream closed worker=%s", self.worker_id)
+        elif welcomed:
+            _log.warning("stream lost worker=%s code=%s message=%s", self.worker_id, code, detail)
+        else:
+            _log.warning("connect failed worker=%s server=%s code=%s message=%s", self.worker_id,
+                         target, code, detail)
+        if welcomed:
+            return "welcomed", ""
+        return ("redirected" if redirected else "failed"), redirect_to
+
+    def _handle_message(self, session, message):
+        kind = message.WhichOneof("msg")
+        if kind == "assign":
+            self._handle_assign(session, message.assign)
+        elif kind == "cancel":
+            self._handle_cancel(message.cancel)
+        elif kind in ("result_ack", "result_acks"):
+            acks = [message.result_ack] if kind == "result_ack" else message.result_acks.acks
+            with self._cv:
+                for ack in acks:
+                    self._unacked.pop((ack.job_id, ack.attempt), None)
+                self._cv.notify_all()
+        elif kind == "drain":
+            _log.info("drain requested by daemon worker=%s", self.worker_id)
+            self.drain()
+        elif kind == "welcome":
+            _log.warning("protocol error worker=%s detail=second Welcome ignored", self.worker_id)
+        else:
+            _log.warning("unknown daemon message worker=%s kind=%s", self.worker_id, kind)
+
+    def _handle_welcome(self, session, welcome):
+        interval = welcome.heartbeat_interval.ToTimedelta().total_seconds()
+        if interval <= 0:
+            interval = self._default_heartbeat_interval
+        adopted = {(h.job_id, h.attempt) for h in welcome.adopted_jobs}
+        session.batching = welcome.batching
+        resend, dropped = [], []
+        with self._cv:
+            self._heartbeat_interval = interval
+            for key, running in self._running.items():
+                if running.drop_result or key in adopted:
+                    continue
+                running.drop_result = True
+                running.job.cancel("not re-adopted by the daemon after reconnect")
+                dropped.append(key)
+            if self._session is session:
+                self._welcomed = True
+            # A result the daemon did not adopt is for an attempt that is no longer current (or
+            # one it already recorded): sending it again would only be discarded.
+            for key in list(self._unacked):
+                if key in adopted:
+                    resend.append(self._unacked[key])
+                else:
+                    dropped.append(key)
+                    del self._unacked[key]
+            draining = self._draining
+            self._cv.notify_all()
+        _log.info("connected worker=%s session=%s heartbeat=%gs adopted=%d resending=%d",
+                  self.worker_id, welcome.session_id, interval, len(adopted), len(resend))
+        for job_id, attempt in dropped:
+            _log.warning("cancelled job=%s attempt=%d reason=not re-adopted", job_id, attempt)
+        for message in resend:
+            session.write(message)
+        if draining:
+            session.write(pb.WorkerMessage(draining=pb.Draining()))
+
+    def _handle_assign(self, session, assign):
+        answers = []  # (assignment, message, new _RunningJob or None, result to resend or None)
+        with self._cv:
+            for a in assign.assignments:
+                key = (a.job_id, a.attempt)
+                running = len(self._running)
+                reason = detail = None
+                if key in self._running or key in self._unacked:
+                    answers.append((a, pb.WorkerMessage(
+                        accept=pb.Accept(job_id=a.job_id, attempt=a.attempt)), None,
+                        self._unacked.get(key)))
+                    continue
+                if self._shutdown or self._draining:
+                    reason, detail = pb.Reject.REASON_DRAINING, "worker is draining"
+                elif a.type not in self._type_set:
+                    reason = pb.Reject.REASON_UNSUPPORTED
+                    detail = f'worker does not serve type "{a.type}"'
+                elif running >= self._max_concurrent:
+                    reason = pb.Reject.REASON_RESOURCE_EXHAUSTED
+                    detail = f"{running} of {self._max_concurrent} jobs running"
+                if reason is not None:
+                    answers.append((a, pb.WorkerMessage(reject=pb.Reject(
+                        job_id=a.job_id, attempt=a.attempt, reason=reason, message=detail)),
+                        None, None))
+                    continue
+                job = _RunningJob(key, Job(a))
+                self._running[key] = job
+                answers.append((a, pb.WorkerMessage(
+                    accept=pb.Accept(job_id=a.job_id, attempt=a.attempt)), job, None))
+
+        # A job starts only once its Accept has been sent: the daemon may otherwise have given
+        # the attempt to another worker after this stream died (a frozen worker waking up).
+        for a, message, job, resend in answers:
+            if job is not None:
+                if not session.write(message, functools.partial(self._accept_sent, job)):
+                    self._accept_sent(job, False)
+                continue
+            written = session.write(message)
+            if message.HasField("reject"):
+                _log.info("rejected job=%s attempt=%d reason=%s detail=%s", a.job_id, a.attempt,
+                          pb.Reject.Reason.Name(message.reject.reason).removeprefix("REASON_")
+                          .lower(), message.reject.message)
+            else:
+                _log.info("accepted again job=%s attempt=%d (already held)", a.job_id, a.attempt)
+                if resend is not None and written:
+                    session.write(resend)
+
+    def _accept_sent(self, running, sent):
+        """Starts an accepted job once its Accept is sent; forgets it if it never will be."""
+        job_id, attempt = running.key
+        if not sent:
+            # The daemon never saw the Accept: it will offer the job again.
+            with self._cv:
+                self._forget_locked(running.key)
+            _log.warning("accept not delivered job=%s attempt=%d", job_id, attempt)
+            return
+        try:
+            self._pool.submit(self._run_job, running)
+        except RuntimeError:  # the pool is shut down: close() raced this assignment
+            with self._cv:
+                self._forget_locked(running.key)
+                self._unacked[running.key] = self._result_message(
+                    running.key, None, JobFailed("worker is closing", retryable=True), 0.0)
+            return
+        _log.info("accepted job=%s attempt=%d type=%s", job_id, attempt, running.job.type)
+
+    def _forget_locked(self, key):
+        self._running.pop(key, None)
+        if self._draining and not self._running:
+            self._jobs_done_at = time.monotonic()
+        self._cv.notify_all()
+
+    def _handle_cancel(self, cancel):
+        reason = cancel.reason or "cancelled by the daemon"
+        with self._cv:
+            hit = [k for k in self._running
+                   if k[0] == cancel.job_id and (cancel.attempt == 0 or k[1] == cancel.attempt)]
+            for key in hit:
+                self._running[key].job.cancel(reason)
+        if not hit:
+            _log.info("cancel for unknown job=%s attempt=%d (already finished?)", cancel.job_id,
+                      cancel.attempt)
+        for job_id, attempt in hit:
+            _log.info("cancelled job=%s attempt=%d reason=%s", job_id, attempt, cancel.reason)
+
+    def _heartbeat_locked(self):
+        hb = pb.Heartbeat()
+        hb.running_jobs.extend(_held(k) for k, r in self._running.items() if not r.drop_result)
+        # Finished jobs whose results are not acknowledged yet are still held (as in Hello): the
+        # daemon counts a job its worker stops reporting as lost.
+        hb.running_jobs.extend(_held(k) for k in self._unacked if k not in self._running)
+        hb.models_resident.extend(self._models_resident)
+        hb.gpus.extend(pb.Gpu(id=g.id, memory_total_bytes=g.memory_total_bytes)
+                       for g in self._gpus)
+        return hb
+
+    def _session_timer(self, session):
+        """Heartbeats, and the welcome and drain watchdogs, of one session."""
+        with self._cv:
+            self._cv.wait_for(lambda: (self._welcomed or self._session is not session or
+                                       self._shutdown), self._welcome_timeout)
+            if self._session is not session or self._shutdown:
+                if self._shutdown:
+                    session.cancel()
+                return
+            if not self._welcomed:
+                _log.warning("no Welcome within %gs worker=%s", self._welcome_timeout,
+                             self.worker_id)
+                session.cancel()
+                return
+        while True:
+            with self._cv:
+                self._cv.wait_for(lambda: (self._session is not session or self._shutdown or
+                                           self._drain_done_locked()),
+                                  self._heartbeat_interval)
+                if self._session is not session or self._shutdown:
+                    return
+                drained = self._drain_done_locked()
+                heartbeat = None if drained else self._heartbeat_locked()
+            if drained:
+                _log.info("drained worker=%s: closing the stream", self.worker_id)
+                # drain() announces itself too, but may lose the race with this thread.
+                session.write(pb.WorkerMessage(draining=pb.Draining()))
+                session.close()
+                with self._cv:
+                    gone = self._cv.wait_for(lambda: self._session is not session, 2.0)
+                if not gone:
+                    session.cancel()
+                return
+            if self._memory_probe is not None:
+                report = self._memory_probe()
+                heartbeat.ram_used_bytes = int(report.ram_used_bytes)
+                heartbeat.ram_total_bytes = int(report.ram_total_bytes)
+                for gpu, used in zip(heartbeat.gpus, report.gpu_used_bytes):
+                    gpu.memory_used_bytes = int(used)
+            else:
+                heartbeat.ram_used_bytes, heartbeat.ram_total_bytes = _read_meminfo()
+            session.write(pb.WorkerMessage(heartbeat=heartbeat))
+
+    # -- jobs -------------------------------------------------------------------------------
+
+    def _result_message(self, key, output, failure, run_time):
+        result = pb.Result(job_id=key[0], attempt=key[1])
+        if failure is None:
+            result.output = output
+        else:
+            result.failure.message = failure.message
+            result.failure.retryable = failure.retryable
+        result.run_time.FromTimedelta(datetime.timedelta(seconds=run_time))
+        return pb.WorkerMessage(result=result)
+
+    def _run_job(self, running):
+        key = running.key
+        start = time.monotonic()
+        output, failure = None, None
+        try:
+            value = self._handler(running.job)
+            if value is None:
+                output = b""
+            elif isinstance(value, str):
+                output = value.encode()
+            elif isinstance(value, (bytes, bytearray, memoryview)):
+                output = bytes(value)
+            else:
+                failure = JobFailed(f"handler returned {type(value).__name__}, not bytes or str")
+        except JobFailed as e:
+            failure = e
+        except Exception as e:  # noqa: BLE001  (any handler error fails the job, not the worker)
+            failure = JobFailed(f"handler raised {type(e).__name__}: {e}")
+        run_time = time.monotonic() - start
+        if failure is None and len(output) > self._max_output_bytes:
+            failure = JobFailed(f"output too large: {len(output)} bytes, limit "
+                                f"{self._max_output_bytes}")
+        message = self._result_message(key, output, failure, run_time)
+
+        session = None
+        with self._cv:
+            self._running.pop(key, None)
+            dropped = running.drop_result
+            if not dropped:
+                self._unacked[key] = message
+                if self._welcomed:
+                    session = self._session
+            if self._draining and not self._running:
+                self._jobs_done_at = time.monotonic()
+            self._cv.notify_all()
+        ok = failure is None
+        if dropped:
+            _log.info("finished job=%s attempt=%d ok=%d run_time=%.3fs (result dropped: not "
+                      "re-adopted)", key[0], key[1], ok, run_time)
+            return
+        _log.info("finished job=%s attempt=%d ok=%d run_time=%.3fs%s", key[0], key[1], ok,
+                  run_time, "" if ok else " error=" + failure.message)
+        if session is not None:
+            session.write(message)
