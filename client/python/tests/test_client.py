@@ -103,6 +103,30 @@ class ClientTest(unittest.TestCase):
         self.assertIn(" SUCCEEDED attempt=1 worker=py-w", text)
         self.assertTrue(text.endswith("\r\x1b[K"), repr(text[-40:]))
 
+    def test_server_reflection_answers_generic_tools(self):
+        # What grpcurl and similar tools ask: the services, then the descriptors of one.
+        from google.protobuf import descriptor_pb2
+        import server_reflection_pb2 as rpb
+        import server_reflection_pb2_grpc as rpb_grpc
+        with grpc.insecure_channel(self.fx.address) as channel:
+            stub = rpb_grpc.ServerReflectionStub(channel)
+            answers = list(stub.ServerReflectionInfo(iter([
+                rpb.ServerReflectionRequest(list_services=""),
+                rpb.ServerReflectionRequest(file_containing_symbol="dispatchd.v1.JobService"),
+            ]), timeout=10))
+        self.assertEqual(len(answers), 2)
+        services = {s.name for s in answers[0].list_services_response.service}
+        self.assertLessEqual({"dispatchd.v1.JobService", "dispatchd.v1.WorkerService",
+                              "dispatchd.v1.AdminService", "grpc.health.v1.Health"}, services)
+        files = {}
+        for raw in answers[1].file_descriptor_response.file_descriptor_proto:
+            f = descriptor_pb2.FileDescriptorProto.FromString(raw)
+            files[f.name] = f
+        self.assertIn("dispatchd/v1/job_service.proto", files)
+        methods = {m.name for m in files["dispatchd/v1/job_service.proto"].service[0].method}
+        self.assertLessEqual({"Submit", "SubmitBatch", "RunSync", "Status", "Cancel", "Watch"},
+                             methods)
+
     def test_unreachable_daemon_is_unavailable(self):
         with dispatchd.Client("127.0.0.1:1", timeout=2) as c:
             with self.assertRaises(dispatchd.DispatchError) as err:
