@@ -16,7 +16,6 @@ import re
 import selectors
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -159,52 +158,86 @@ def run_exec(command, max_output, job):
     env = dict(os.environ, DISPATCHD_JOB_ID=job.job_id, DISPATCHD_ATTEMPT=str(job.attempt),
                DISPATCHD_JOB_TYPE=job.type, DISPATCHD_RESOURCE_ID=job.resource_id,
                DISPATCHD_MODEL=job.model)
+    pipes = [os.pipe() for _ in range(3)]  # close-on-exec; the child gets dup2'd copies
+    (in_r, in_w), (out_r, out_w), (err_r, err_w) = pipes
     try:
-        proc = subprocess.Popen(["/bin/sh", "-c", command], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                                process_group=0, restore_signals=True)
+        # Its own process group, so that a cancel reaches grandchildren; the signals this
+        # process blocks (for its signal thread) unblocked and at their defaults.
+        pid = os.posix_spawn(
+            "/bin/sh", ["/bin/sh", "-c", command], env,
+            file_actions=[(os.POSIX_SPAWN_DUP2, in_r, 0), (os.POSIX_SPAWN_DUP2, out_w, 1),
+                          (os.POSIX_SPAWN_DUP2, err_w, 2)],
+            setpgroup=0, setsigmask=(),
+            setsigdef=(signal.SIGPIPE, signal.SIGTERM, signal.SIGINT, signal.SIGHUP))
     except OSError as e:
+        for fd in (in_w, out_r, err_r):
+            os.close(fd)
         raise JobFailed(f"spawn /bin/sh failed: {e.strerror}", retryable=True) from e
+    finally:
+        for fd in (in_r, out_w, err_w):
+            os.close(fd)
     payload = memoryview(job.payload)
     sel = selectors.DefaultSelector()
-    for f in (proc.stdout, proc.stderr):
-        os.set_blocking(f.fileno(), False)
-        sel.register(f, selectors.EVENT_READ)
+    for fd in (out_r, err_r):
+        os.set_blocking(fd, False)
+        sel.register(fd, selectors.EVENT_READ)
+    open_fds = {out_r, err_r}
     if payload:
-        os.set_blocking(proc.stdin.fileno(), False)
-        sel.register(proc.stdin, selectors.EVENT_WRITE)
+        os.set_blocking(in_w, False)
+        sel.register(in_w, selectors.EVENT_WRITE)
+        open_fds.add(in_w)
     else:
-        proc.stdin.close()
+        os.close(in_w)
+
+    def close(fd):
+        if fd in open_fds:
+            sel.unregister(fd)
+            os.close(fd)
+            open_fds.discard(fd)
+
     out, err = bytearray(), bytearray()
     too_large = cancelled = killed = False
     exited_at = term_at = None
+    status = None
     written = 0
-    while sel.get_map():
-        # A grandchild may keep the pipes open after the shell exits: stop reading soon after.
-        if exited_at is not None and time.monotonic() - exited_at > 0.2:
-            break
+    while True:
+        now = time.monotonic()
+        if not cancelled and job.cancelled:
+            cancelled, term_at = True, now
+            _kill_group(pid, signal.SIGTERM)
+        if cancelled and not killed and now - term_at >= _KILL_GRACE:
+            killed = True
+            _kill_group(pid, signal.SIGKILL)
+        if status is None:
+            done, wstatus = os.waitpid(pid, os.WNOHANG)
+            if done == pid:
+                status = os.waitstatus_to_exitcode(wstatus)
+                exited_at = now
+                close(in_w)
+        if status is not None and (not (open_fds - {in_w}) or now - exited_at > 0.2):
+            break  # a grandchild may keep the pipes open after the shell exits: stop soon after
+        if not open_fds:
+            time.sleep(0.01)
+            continue
         for key, _ in sel.select(0.05):
-            f = key.fileobj
-            if f is proc.stdin:
+            fd = key.fd
+            if fd == in_w:
                 try:
-                    written += os.write(f.fileno(), payload[written:])
-                    done = written == len(payload)
+                    written += os.write(fd, payload[written:])
+                    if written == len(payload):
+                        close(fd)
                 except BlockingIOError:
-                    done = False
+                    pass
                 except OSError:  # the command stopped reading (EPIPE)
-                    done = True
-                if done:
-                    sel.unregister(f)
-                    f.close()
+                    close(fd)
                 continue
             try:
-                chunk = os.read(f.fileno(), 65536)
+                chunk = os.read(fd, 65536)
             except BlockingIOError:
                 continue
             if not chunk:
-                sel.unregister(f)
-                continue
-            if f is proc.stdout:
+                close(fd)
+            elif fd == out_r:
                 out += chunk
                 if len(out) > max_output:
                     too_large = True
@@ -212,40 +245,18 @@ def run_exec(command, max_output, job):
             else:
                 err += chunk
                 del err[:-_MAX_STDERR_KEPT]
-        now = time.monotonic()
-        if not cancelled and job.cancelled:
-            cancelled, term_at = True, now
-            _kill_group(proc.pid, signal.SIGTERM)
-        if cancelled and not killed and now - term_at >= _KILL_GRACE:
-            killed = True
-            _kill_group(proc.pid, signal.SIGKILL)
-        if exited_at is None and proc.poll() is not None:
-            exited_at = now
-            if not proc.stdin.closed and proc.stdin in [k.fileobj for k in sel.get_map().values()]:
-                sel.unregister(proc.stdin)
-                proc.stdin.close()
+    for fd in list(open_fds):
+        close(fd)
     sel.close()
-    for f in (proc.stdin, proc.stdout, proc.stderr):
-        if not f.closed:
-            f.close()
-    while proc.poll() is None:  # the pipes closed before the shell exited
-        if job.cancelled and not cancelled:
-            cancelled, term_at = True, time.monotonic()
-            _kill_group(proc.pid, signal.SIGTERM)
-        if cancelled and not killed and time.monotonic() - term_at >= _KILL_GRACE:
-            killed = True
-            _kill_group(proc.pid, signal.SIGKILL)
-        time.sleep(0.01)
 
     message = err.decode(errors="replace").strip()[-_MAX_STDERR_MESSAGE:]
     sep = " " if message else ""
     if cancelled:
         raise JobFailed(f"cancelled: {job.cancel_reason}")
-    if proc.returncode < 0:
-        raise JobFailed(f"{message}{sep}(killed by signal {-proc.returncode})")
-    if proc.returncode != 0:
-        raise JobFailed(f"{message}{sep}(exit status {proc.returncode})",
-                        retryable=proc.returncode == _EX_TEMPFAIL)
+    if status < 0:
+        raise JobFailed(f"{message}{sep}(killed by signal {-status})")
+    if status != 0:
+        raise JobFailed(f"{message}{sep}(exit status {status})", retryable=status == _EX_TEMPFAIL)
     if too_large:
         raise JobFailed(f"output exceeds {max_output} bytes")
     return bytes(out)
@@ -324,7 +335,7 @@ def _parser():
                    help="worker id, unique in the fleet (default hostname:pid)")
     p.add_argument("--types", required=True, help="job types served, comma-separated")
     p.add_argument("--slots", type=int, default=1, help="slots advertised to the daemon")
-    p.add_argument("--max-concurrent", type=int, default=0,
+    p.add_argument("--max-concurrent", type=int, default=None,
                    help="jobs run at once; more are refused RESOURCE_EXHAUSTED (default: --slots)")
     p.add_argument("--labels", default="", help="placement labels k=v,k2=v2")
     p.add_argument("--memory-file",
@@ -373,7 +384,7 @@ def main(argv=None):
         p.error("--types: at least one type is required")
     if args.slots < 1:
         p.error(f"--slots: must be >= 1, got {args.slots}")
-    if args.max_concurrent < 0:
+    if args.max_concurrent is not None and args.max_concurrent < 1:
         p.error(f"--max-concurrent: must be >= 1, got {args.max_concurrent}")
     if args.gpu_memory_gb < 0:
         p.error("--gpu-memory-gb: must be >= 0")
@@ -388,11 +399,19 @@ def main(argv=None):
         p.error(f'--model-load-delay: invalid duration "{args.model_load_delay}"')
     if args.exec_cmd == "":
         p.error("--exec: empty command")
-    try:
-        journal = Journal(args.journal) if args.journal else None
-        start_log = StartLog(args.start_log) if args.start_log else None
-    except OSError as e:
-        p.error(f'cannot open "{e.filename}": {e.strerror}')
+    journal = start_log = None
+    for flag, path, kind in (("--journal", args.journal, Journal),
+                             ("--start-log", args.start_log, StartLog)):
+        if not path:
+            continue
+        try:
+            opened = kind(path)
+        except OSError as e:
+            p.error(f'{flag}: cannot open "{path}": {e.strerror}')
+        if kind is Journal:
+            journal = opened
+        else:
+            start_log = opened
 
     simulator = None
     if args.sleep_payload:
@@ -428,7 +447,7 @@ def main(argv=None):
 
     try:
         worker = Worker(args.server, worker_id=args.id, types=types, handler=handler,
-                        slots=args.slots, max_concurrent=args.max_concurrent, labels=labels,
+                        slots=args.slots, max_concurrent=args.max_concurrent or 0, labels=labels,
                         gpus=[Gpu("0", int(args.gpu_memory_gb * 1e9))] if args.gpu_memory_gb else [],
                         memory_probe=_memory_file_probe(args.memory_file) if args.memory_file
                         else None)
@@ -447,6 +466,8 @@ def main(argv=None):
                 worker.drain()
             else:
                 log.warning("signal=%d: exiting now", sig)
+                if start_log is not None:
+                    start_log.close()
                 sys.stderr.flush()
                 os._exit(128 + sig)
 

@@ -147,8 +147,12 @@ class _Session:
 
     gRPC asks the iterator for the next message only once the last one was sent, and never again
     once the call has ended: a message's `on_sent(True)` runs then, when it has reached the
-    transport, as a C++ ClientReaderWriter::Write returning true would say. Messages the call
-    ended before sending get `on_sent(False)` from fail_unsent()."""
+    transport, as a C++ ClientReaderWriter::Write returning true would say. After the call ends,
+    fail_unsent() tells the rest: `on_sent(False)` for messages never handed to gRPC, and
+    `on_sent(None)` for the one it was sending, which the daemon may or may not have read.
+
+    Writes never block: a heartbeat written while the previous one still waits in the queue
+    replaces it, so a slow stream carries the newest report, not a backlog of stale ones."""
 
     def __init__(self, target):
         self.target = target
@@ -159,7 +163,8 @@ class _Session:
         self.stub = pb_grpc.WorkerServiceStub(self.channel)
         self.batching = False  # set from Welcome, before any result is sent
         self._cv = threading.Condition()
-        self._out = collections.deque()  # (message, on_sent or None)
+        self._out = collections.deque()  # [message, on_sent or None]
+        self._queued_heartbeat = None  # the entry of _out holding a heartbeat, if any
         self._in_flight = []  # on_sent callbacks of the message gRPC is sending
         self._closed = False  # no more writes; the request stream ends after what is queued
         self._ended = False  # the call is over: nothing more is sent
@@ -172,7 +177,14 @@ class _Session:
         with self._cv:
             if self._closed:
                 return False
-            self._out.append((message, on_sent))
+            if message.HasField("heartbeat"):
+                if self._queued_heartbeat is not None:
+                    self._queued_heartbeat[0] = message
+                    return True
+                self._queued_heartbeat = [message, on_sent]
+                self._out.append(self._queued_heartbeat)
+            else:
+                self._out.append([message, on_sent])
             self._cv.notify()
             return True
 
@@ -186,11 +198,14 @@ class _Session:
         """After the call ended: what it did not send is never sent."""
         with self._cv:
             self._closed = self._ended = True
-            callbacks = self._in_flight + [cb for _, cb in self._out if cb is not None]
-            self._in_flight = []
+            in_flight, self._in_flight = self._in_flight, []
+            unsent = [cb for _, cb in self._out if cb is not None]
             self._out.clear()
+            self._queued_heartbeat = None
             self._cv.notify()
-        for cb in callbacks:
+        for cb in in_flight:
+            cb(None)
+        for cb in unsent:
             cb(False)
 
     def start(self):
@@ -223,12 +238,16 @@ class _Session:
                     parts = []
                 else:
                     parts = [self._out.popleft()]
+                    if parts[0] is self._queued_heartbeat:
+                        self._queued_heartbeat = None
                     kind = parts[0][0].WhichOneof("msg")
                     if self.batching and kind in _BATCHABLE:
-                        # Gather the answers and results queued behind it into one Batch.
+                        # Gather the answers and results queued behind it into one Batch of at
+                        # most _MAX_BATCH_BYTES (a larger message goes alone).
                         size = parts[0][0].ByteSize()
-                        while (self._out and size < _MAX_BATCH_BYTES and
-                               self._out[0][0].WhichOneof("msg") in _BATCHABLE):
+                        while (self._out and
+                               self._out[0][0].WhichOneof("msg") in _BATCHABLE and
+                               size + self._out[0][0].ByteSize() <= _MAX_BATCH_BYTES):
                             parts.append(self._out.popleft())
                             size += parts[-1][0].ByteSize()
                     self._in_flight = [cb for _, cb in parts if cb is not None]
@@ -250,13 +269,16 @@ class _Session:
 
 
 class _RunningJob:
-    __slots__ = ("key", "job", "drop_result")
+    __slots__ = ("key", "job", "drop_result", "unstarted")
 
     def __init__(self, key, job):
         self.key = key
         self.job = job
         # Not re-adopted after a reconnect: cancelled, and its outcome is not reported.
         self.drop_result = False
+        # Its Accept was being sent when the stream ended: the daemon may hold it as running or
+        # not. Held (and reported in Hello) without running until the next Welcome says.
+        self.unstarted = False
 
 
 class Worker:
@@ -301,9 +323,10 @@ class Worker:
             raise ValueError("handler: not callable")
         if reconnect_min <= 0 or reconnect_max < reconnect_min:
             raise ValueError("reconnect_min/reconnect_max: need 0 < min <= max")
-        if welcome_timeout <= 0 or default_heartbeat_interval <= 0 or drain_result_timeout < 0:
-            raise ValueError("welcome_timeout/default_heartbeat_interval/drain_result_timeout: "
-                             "must be > 0")
+        if welcome_timeout <= 0 or default_heartbeat_interval <= 0:
+            raise ValueError("welcome_timeout/default_heartbeat_interval: must be > 0")
+        if drain_result_timeout < 0:
+            raise ValueError(f"drain_result_timeout: must be >= 0, got {drain_result_timeout}")
         self.worker_id = worker_id
         self._servers = servers
         self._server = server
@@ -406,8 +429,10 @@ class Worker:
             if self._shutdown:
                 return
             self._shutdown = True
-            for running in self._running.values():
+            for key, running in list(self._running.items()):
                 running.job.cancel("worker shutting down")
+                if running.unstarted:
+                    self._forget_locked(key)
             session = self._session
             self._cv.notify_all()
         _log.info("shutting down worker=%s", self.worker_id)
@@ -415,7 +440,8 @@ class Worker:
             session.cancel()
 
     def close(self):
-        """shutdown(), then waits for every handler to return."""
+        """shutdown(), then waits for every handler to return. Not from a handler: it would wait
+        for itself."""
         self.shutdown()
         with self._cv:
             self._cv.wait_for(lambda: not self._running)
@@ -550,10 +576,19 @@ class Worker:
             interval = self._default_heartbeat_interval
         adopted = {(h.job_id, h.attempt) for h in welcome.adopted_jobs}
         session.batching = welcome.batching
-        resend, dropped = [], []
+        resend, dropped, start = [], [], []
         with self._cv:
             self._heartbeat_interval = interval
-            for key, running in self._running.items():
+            for key, running in list(self._running.items()):
+                if running.unstarted:
+                    # Held since its Accept's fate was unknown: run it if the daemon holds it.
+                    running.unstarted = False
+                    if key in adopted:
+                        start.append(running)
+                    else:
+                        self._forget_locked(key)
+                        dropped.append(key)
+                    continue
                 if running.drop_result or key in adopted:
                     continue
                 running.drop_result = True
@@ -575,6 +610,10 @@ class Worker:
                   self.worker_id, welcome.session_id, interval, len(adopted), len(resend))
         for job_id, attempt in dropped:
             _log.warning("cancelled job=%s attempt=%d reason=not re-adopted", job_id, attempt)
+        for running in start:
+            if self._start(running):
+                _log.info("accepted job=%s attempt=%d type=%s (re-adopted before it started)",
+                          running.key[0], running.key[1], running.job.type)
         for message in resend:
             session.write(message)
         if draining:
@@ -628,23 +667,36 @@ class Worker:
                     session.write(resend)
 
     def _accept_sent(self, running, sent):
-        """Starts an accepted job once its Accept is sent; forgets it if it never will be."""
+        """Starts an accepted job once its Accept is sent (sent=True); forgets it if it never was
+        (False); holds it unstarted for the next Welcome to decide if that is unknown (None)."""
         job_id, attempt = running.key
+        if sent is None:
+            with self._cv:
+                running.unstarted = True
+                self._cv.notify_all()
+            _log.warning("accept may not have reached the daemon job=%s attempt=%d: held until "
+                         "the next Welcome", job_id, attempt)
+            return
         if not sent:
             # The daemon never saw the Accept: it will offer the job again.
             with self._cv:
                 self._forget_locked(running.key)
             _log.warning("accept not delivered job=%s attempt=%d", job_id, attempt)
             return
+        if self._start(running):
+            _log.info("accepted job=%s attempt=%d type=%s", job_id, attempt, running.job.type)
+
+    def _start(self, running):
+        """Hands an accepted job to a handler thread; False if the pool is closed."""
         try:
             self._pool.submit(self._run_job, running)
-        except RuntimeError:  # the pool is shut down: close() raced this assignment
+            return True
+        except RuntimeError:  # the pool is shut down: close() raced this job
             with self._cv:
                 self._forget_locked(running.key)
                 self._unacked[running.key] = self._result_message(
                     running.key, None, JobFailed("worker is closing", retryable=True), 0.0)
-            return
-        _log.info("accepted job=%s attempt=%d type=%s", job_id, attempt, running.job.type)
+            return False
 
     def _forget_locked(self, key):
         self._running.pop(key, None)
@@ -709,13 +761,21 @@ class Worker:
                 if not gone:
                     session.cancel()
                 return
+            report = None
             if self._memory_probe is not None:
-                report = self._memory_probe()
-                heartbeat.ram_used_bytes = int(report.ram_used_bytes)
-                heartbeat.ram_total_bytes = int(report.ram_total_bytes)
-                for gpu, used in zip(heartbeat.gpus, report.gpu_used_bytes):
-                    gpu.memory_used_bytes = int(used)
-            else:
+                try:
+                    report = self._memory_probe()
+                    heartbeat.ram_used_bytes = int(report.ram_used_bytes)
+                    heartbeat.ram_total_bytes = int(report.ram_total_bytes)
+                    for gpu, used in zip(heartbeat.gpus, report.gpu_used_bytes):
+                        gpu.memory_used_bytes = int(used)
+                except Exception as e:  # noqa: BLE001  (a heartbeat must go out regardless)
+                    _log.warning("memory_probe failed worker=%s: %s: %s (reporting host RAM)",
+                                 self.worker_id, type(e).__name__, e)
+                    report = None
+                    for gpu in heartbeat.gpus:
+                        gpu.memory_used_bytes = 0
+            if report is None:
                 heartbeat.ram_used_bytes, heartbeat.ram_total_bytes = _read_meminfo()
             session.write(pb.WorkerMessage(heartbeat=heartbeat))
 
@@ -726,52 +786,66 @@ class Worker:
         if failure is None:
             result.output = output
         else:
-            result.failure.message = failure.message
-            result.failure.retryable = failure.retryable
+            # Text as UTF-8 whatever the handler raised (protobuf refuses lone surrogates).
+            result.failure.message = str(failure.message).encode("utf-8", "replace").decode()
+            result.failure.retryable = bool(failure.retryable)
         result.run_time.FromTimedelta(datetime.timedelta(seconds=run_time))
         return pb.WorkerMessage(result=result)
+
+    def _outcome(self, job):
+        """Runs the handler: (output bytes, None) or (None, JobFailed)."""
+        try:
+            value = self._handler(job)
+        except JobFailed as e:
+            return None, e
+        except BaseException as e:  # noqa: BLE001  (any handler error fails the job, not the worker)
+            return None, JobFailed(f"handler raised {type(e).__name__}: {e}")
+        if value is None:
+            return b"", None
+        if isinstance(value, str):
+            return value.encode("utf-8", "replace"), None
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            return bytes(value), None
+        return None, JobFailed(f"handler returned {type(value).__name__}, not bytes or str")
 
     def _run_job(self, running):
         key = running.key
         start = time.monotonic()
-        output, failure = None, None
+        message = None
+        failure = None
         try:
-            value = self._handler(running.job)
-            if value is None:
-                output = b""
-            elif isinstance(value, str):
-                output = value.encode()
-            elif isinstance(value, (bytes, bytearray, memoryview)):
-                output = bytes(value)
-            else:
-                failure = JobFailed(f"handler returned {type(value).__name__}, not bytes or str")
-        except JobFailed as e:
-            failure = e
-        except Exception as e:  # noqa: BLE001  (any handler error fails the job, not the worker)
-            failure = JobFailed(f"handler raised {type(e).__name__}: {e}")
-        run_time = time.monotonic() - start
-        if failure is None and len(output) > self._max_output_bytes:
-            failure = JobFailed(f"output too large: {len(output)} bytes, limit "
-                                f"{self._max_output_bytes}")
-        message = self._result_message(key, output, failure, run_time)
+            output, failure = self._outcome(running.job)
+            if failure is None and len(output) > self._max_output_bytes:
+                failure = JobFailed(f"output too large: {len(output)} bytes, limit "
+                                    f"{self._max_output_bytes}")
+            run_time = time.monotonic() - start
+            message = self._result_message(key, output, failure, run_time)
+        finally:
+            # Whatever happened, the job no longer runs: its slot is free, a drain can end.
+            session = self._finish(running, message)
+        ok = failure is None
+        if running.drop_result:
+            _log.info("finished job=%s attempt=%d ok=%d run_time=%.3fs (result dropped: not "
+                      "re-adopted)", key[0], key[1], ok, run_time)
+            return
+        _log.info("finished job=%s attempt=%d ok=%d run_time=%.3fs%s", key[0], key[1], ok,
+                  run_time, "" if ok else " error=" + message.result.failure.message)
+        if session is not None:
+            session.write(message)
 
+    def _finish(self, running, message):
+        """Records a job's end; the session to send its result on, if any."""
+        key = running.key
         session = None
         with self._cv:
             self._running.pop(key, None)
-            dropped = running.drop_result
-            if not dropped:
+            if not running.drop_result and message is not None:
                 self._unacked[key] = message
                 if self._welcomed:
                     session = self._session
             if self._draining and not self._running:
                 self._jobs_done_at = time.monotonic()
             self._cv.notify_all()
-        ok = failure is None
-        if dropped:
-            _log.info("finished job=%s attempt=%d ok=%d run_time=%.3fs (result dropped: not "
-                      "re-adopted)", key[0], key[1], ok, run_time)
-            return
-        _log.info("finished job=%s attempt=%d ok=%d run_time=%.3fs%s", key[0], key[1], ok,
-                  run_time, "" if ok else " error=" + failure.message)
-        if session is not None:
-            session.write(message)
+        if message is None:
+            _log.error("job=%s attempt=%d ended without a result to report", key[0], key[1])
+        return session

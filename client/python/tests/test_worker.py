@@ -214,6 +214,30 @@ class WorkerTest(unittest.TestCase):
                 self.assertEqual(r.returncode, 2, r.stderr)
                 self.assertIn(field, r.stderr)
 
+    def test_reference_worker_exec_stops_a_cancelled_command_with_sigterm(self):
+        # The worker blocks SIGTERM for its own signal thread; the command must not inherit that,
+        # or a cancel would wait out the grace period and SIGKILL it without its trap running.
+        worker = os.path.join(os.path.dirname(dispatchd.__file__), "..", "dispatch-worker.py")
+        mark = os.path.join(self.fx.dir, "got-sigterm")
+        # (Not a shell trap: dash clears its signal mask itself. A program that does not is what
+        # shows whether the worker passed its own mask on.)
+        command = (f"exec {sys.executable} -c \"import signal, sys, time; "
+                   f"signal.signal(signal.SIGTERM, lambda *_: (open('{mark}', 'w').close(), "
+                   f"sys.exit(1))); open('{mark}.ready', 'w').close(); time.sleep(60)\"")
+        with open(os.path.join(self.fx.dir, "exec-worker.log"), "w") as log:
+            proc = subprocess.Popen([sys.executable, worker, "--server", self.fx.address,
+                                     "--id", "py-exec", "--types", "py", "--exec", command],
+                                    stdout=log, stderr=subprocess.STDOUT)
+        self.addCleanup(lambda: proc.poll() is None and proc.kill())
+        job_id = self.client.submit("py", b"until cancelled")
+        self.assertTrue(_wait_for(lambda: os.path.exists(mark + ".ready"), 30),
+                        "the command did not start")
+        self.client.cancel(job_id)
+        self.assertTrue(_wait_for(lambda: os.path.exists(mark), 10),
+                        "the command never got SIGTERM")
+        proc.send_signal(signal.SIGTERM)
+        self.assertEqual(proc.wait(30), 0)
+
     def test_example_gpu_worker_loads_its_model_once_and_serves_every_job(self):
         example = os.path.join(os.path.dirname(dispatchd.__file__), "..", "examples",
                                "gpu_worker.py")
