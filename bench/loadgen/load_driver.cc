@@ -48,11 +48,10 @@ std::chrono::system_clock::time_point AtMicros(int64_t us) {
 absl::StatusOr<std::shared_ptr<grpc::Channel>> NewChannel(const std::string& server) {
   absl::StatusOr<std::string> target = client::ChannelTarget(server);
   if (!target.ok()) return target.status();
-  grpc::ChannelArguments args;
+  grpc::ChannelArguments args = client::DaemonChannelArguments();
   // A subchannel pool of its own, so that every channel is a connection of its own: N clients,
   // not N views of one connection.
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  args.SetMaxReceiveMessageSize(-1);
   return grpc::CreateCustomChannel(*target, grpc::InsecureChannelCredentials(), args);
 }
 

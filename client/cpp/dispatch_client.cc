@@ -73,6 +73,26 @@ absl::StatusOr<std::string> ChannelTarget(absl::string_view address) {
   return absl::StrCat("ipv4:", absl::StrJoin(parts, ","));
 }
 
+const char kDaemonServiceConfig[] = R"json({
+  "methodConfig": [{
+    "name": [{"service": "dispatchd.v1.JobService"}, {"service": "dispatchd.v1.AdminService"}],
+    "retryPolicy": {
+      "maxAttempts": 4,
+      "initialBackoff": "0.01s",
+      "maxBackoff": "0.1s",
+      "backoffMultiplier": 2,
+      "retryableStatusCodes": ["UNIMPLEMENTED"]
+    }
+  }]
+})json";
+
+grpc::ChannelArguments DaemonChannelArguments() {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);  // results are bounded by the daemon, not by gRPC's 4 MiB
+  args.SetServiceConfigJSON(kDaemonServiceConfig);
+  return args;
+}
+
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(absl::string_view address,
                                                         ClientOptions options) {
   absl::StatusOr<std::string> target = ChannelTarget(address);
@@ -80,10 +100,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(absl::string_view addres
   if (options.default_deadline <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("default_deadline: must be positive");
   }
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(-1);  // results are bounded by the daemon, not by gRPC's 4 MiB
-  std::shared_ptr<grpc::Channel> channel =
-      grpc::CreateCustomChannel(*target, grpc::InsecureChannelCredentials(), args);
+  std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
+      *target, grpc::InsecureChannelCredentials(), DaemonChannelArguments());
   return FromChannel(std::move(channel), options);
 }
 

@@ -18,6 +18,7 @@
 #include "grpcpp/support/channel_arguments.h"
 #include "pqxx/pqxx"
 
+#include "client/cpp/dispatch_client.h"
 #include "tests/e2e/harness.h"
 
 namespace dispatchd::chaos {
@@ -42,7 +43,7 @@ std::chrono::system_clock::time_point In(absl::Duration d) {
 // reconnect backoff stays at its default: gRPC also uses it as the connect timeout, and a short
 // one fails handshakes on a busy machine.)
 std::shared_ptr<grpc::Channel> OwnChannel(const std::string& address) {
-  grpc::ChannelArguments args;
+  grpc::ChannelArguments args = client::DaemonChannelArguments();
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);

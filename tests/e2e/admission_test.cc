@@ -24,6 +24,7 @@
 #include "pqxx/connection"
 #include "pqxx/nontransaction"
 #include "pqxx/result"
+#include "client/cpp/dispatch_client.h"
 #include "tests/e2e/harness.h"
 #include "tests/testing/pg_test_db.h"
 
@@ -227,8 +228,8 @@ TEST_F(AdmissionTest, ConcurrentSubmitsNeverOvershootMaxActive) {
   for (int i = 0; i < kClients; ++i) {
     threads.emplace_back([&, i] {
       // A channel each, so that the calls really travel at once.
-      auto stub = v1::JobService::NewStub(
-          grpc::CreateChannel(d->address(), grpc::InsecureChannelCredentials()));
+      auto stub = v1::JobService::NewStub(grpc::CreateCustomChannel(
+          d->address(), grpc::InsecureChannelCredentials(), client::DaemonChannelArguments()));
       start.arrive_and_wait();
       answers[i] = SubmitTo(*stub, Spec("echo", absl::StrCat("client ", i)));
     });

@@ -22,6 +22,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "client/cpp/dispatch_client.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 
@@ -263,7 +264,8 @@ absl::Status Daemon::Launch() {
         absl::StrCat("dispatchd did not become ready; log:\n", process_->Log()));
   }
   address_ = std::string(absl::StripAsciiWhitespace(ReadFile(ready_path_)));
-  auto channel = grpc::CreateChannel(address_, grpc::InsecureChannelCredentials());
+  auto channel = grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(),
+                                           client::DaemonChannelArguments());
   jobs_ = v1::JobService::NewStub(channel);
   admin_ = v1::AdminService::NewStub(channel);
   return absl::OkStatus();
