@@ -2,6 +2,7 @@
 
 #include "client/cpp/dispatch_client.h"
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
@@ -26,6 +27,8 @@ using ::testing::Optional;
 
 class FakeJobService final : public v1::JobService::Service {
  public:
+  std::atomic<int> unimplemented_calls = 0;
+
   grpc::Status Submit(grpc::ServerContext* context, const v1::SubmitRequest* request,
                       v1::SubmitResponse* response) override {
     if (request->spec().type() == "full") {
@@ -34,6 +37,13 @@ class FakeJobService final : public v1::JobService::Service {
     }
     if (request->spec().type().empty()) {
       return {grpc::StatusCode::INVALID_ARGUMENT, "spec.type: required"};
+    }
+    // "unimplemented": answered as gRPC 1.51 sometimes answers a served method, `payload` times
+    // ("always": every time).
+    if (request->spec().type() == "unimplemented") {
+      const int n = ++unimplemented_calls;
+      const std::string& times = request->spec().payload();
+      if (times == "always" || n <= std::stoi(times)) return {grpc::StatusCode::UNIMPLEMENTED, ""};
     }
     response->set_job_id("job-" + request->spec().payload());
     response->set_deduplicated(!request->spec().idempotency_key().empty());
@@ -124,6 +134,23 @@ TEST_F(ClientTest, SubmitReturnsTheJobId) {
   ASSERT_THAT(r, IsOk());
   EXPECT_EQ(r->job_id(), "job-x");
   EXPECT_FALSE(r->deduplicated());
+}
+
+// A call answered UNIMPLEMENTED never reached a handler: the channel sends it again (see
+// kDaemonServiceConfig), up to 4 attempts in all.
+TEST_F(ClientTest, CallAnsweredUnimplementedIsSentAgain) {
+  v1::JobSpec spec;
+  spec.set_type("unimplemented");
+  spec.set_payload("2");
+  absl::StatusOr<v1::SubmitResponse> r = client_->Submit(spec);
+  ASSERT_THAT(r, IsOk());
+  EXPECT_EQ(r->job_id(), "job-2");
+  EXPECT_EQ(jobs_.unimplemented_calls, 3);
+
+  jobs_.unimplemented_calls = 0;
+  spec.set_payload("always");
+  EXPECT_THAT(client_->Submit(spec), StatusIs(absl::StatusCode::kUnimplemented));
+  EXPECT_EQ(jobs_.unimplemented_calls, 4);
 }
 
 TEST_F(ClientTest, ResourceExhaustedCarriesRetryAfter) {
