@@ -827,7 +827,7 @@ int Main(int argc, char** argv) {
   CLI::App* reload = app.add_subcommand(
       "reload",
       "Make the daemon re-read its config file, as SIGHUP does: types, tiers, rate limits and\n"
-      "  thresholds change at once; a file that does not load is refused (exit 7) and the running\n"
+      "  caps change at once; a file that does not load is refused (exit 7) and the running\n"
       "  config stays. With several daemons, reload each.\n"
       "  Example: dispatchctl --server 10.0.0.5:7411 reload");
   std::string health_service;

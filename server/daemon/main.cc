@@ -162,6 +162,7 @@ class Reloader {
 
   absl::StatusOr<v1::ReloadResponse> Reload(absl::string_view trigger) ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock l(&mu_);
+    if (stopping_) return absl::UnavailableError("reload: the daemon is stopping");
     auto log = server::Log("main");
     log->info("{}: reloading {}", trigger, path_);
     server::NotifySystemd("RELOADING=1\nSTATUS=reloading the config");
@@ -192,12 +193,20 @@ class Reloader {
     return out;
   }
 
+  // Refuses reloads from now on (a reload would tell systemd READY=1 again); waits for one
+  // under way.
+  void Stop() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock l(&mu_);
+    stopping_ = true;
+  }
+
  private:
   const std::string path_;
   config::LiveConfig& live_;
   sched::AdmissionGate& admission_;
   ha::Leadership& leadership_;
   absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 int Run(int argc, char** argv) {
@@ -378,6 +387,7 @@ int Run(int argc, char** argv) {
     (void)reloader.Reload("SIGHUP");
   }
   log->info("stopping signal={}", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+  reloader.Stop();
   server::NotifySystemd("STOPPING=1\nSTATUS=stopping");
   watchdog.Stop();
   health_ticker.Stop();

@@ -214,7 +214,8 @@ grpc::ServerUnaryReactor* AdminServiceImpl::Reload(grpc::CallbackServerContext* 
                                                    v1::ReloadResponse* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   if (!reload_) {
-    reactor->Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "reload: not available here"));
+    reactor->Finish(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                                 "reload: this daemon has no config file"));
     return reactor;
   }
   executor_.Schedule([this, resp, reactor] {

@@ -16,7 +16,7 @@ It behaves as the C++ SDK (client/cpp/worker.h) does:
   output, or by raising JobFailed (with `retryable` if another attempt may succeed); any other
   exception fails the job, not retryable.
 - Results are kept until the daemon acknowledges them and are sent again after every
-  reconnect. Jobs keep running while the stream is down; the worker reconnects with jittered
+  reconnect, for the attempts the daemon re-adopts. Jobs keep running while the stream is down; the worker reconnects with jittered
   exponential backoff, reports the jobs it holds in Hello, and cancels those the daemon does not
   re-adopt.
 - Heartbeats carry the jobs held, resident models, RAM and GPU memory.
@@ -672,6 +672,9 @@ class Worker:
         job_id, attempt = running.key
         if sent is None:
             with self._cv:
+                if self._shutdown:  # no Welcome will come to decide: it never ran, forget it
+                    self._forget_locked(running.key)
+                    return
                 running.unstarted = True
                 self._cv.notify_all()
             _log.warning("accept may not have reached the daemon job=%s attempt=%d: held until "

@@ -160,16 +160,23 @@ class WorkerTest(unittest.TestCase):
             started.set()
             release.wait(30)
             return b"finished while draining"
+        # Two slots, one busy: only the drain keeps a second job away.
         worker = dispatchd.Worker(self.fx.address, worker_id="py-drain", types=["py"],
-                                  handler=handler)
+                                  handler=handler, slots=2)
         thread = threading.Thread(target=worker.run, daemon=True)
         thread.start()
         self.addCleanup(worker.close)
         first = self.client.submit("py", b"first")
         self.assertTrue(started.wait(30))
         worker.drain()
+        self.assertTrue(_wait_for(lambda: any(
+            w.worker_id == "py-drain" and w.draining for w in self._workers())),
+            "the daemon never saw the drain")
         second = self.client.submit("py", b"second")
-        time.sleep(0.5)
+        # The daemon looked at the second job and found no worker free to take it.
+        self.assertTrue(_wait_for(
+            lambda: self.client.status(second).wait_reason == "workers_busy"),
+            self.client.status(second))
         release.set()
         thread.join(30)
         self.assertFalse(thread.is_alive(), "run() did not return after the drain")
@@ -179,6 +186,13 @@ class WorkerTest(unittest.TestCase):
         # The drained worker took no more work: the second job still waits for a worker.
         self.assertEqual(dispatchd.state_name(self.client.status(second).state), "QUEUED")
         self.client.cancel(second)
+
+    def _workers(self):
+        from dispatchd.v1 import admin_service_pb2, admin_service_pb2_grpc
+        with grpc.insecure_channel(self.fx.address, options=[
+                ("grpc.service_config", dispatchd.client.SERVICE_CONFIG)]) as channel:
+            return admin_service_pb2_grpc.AdminServiceStub(channel).ListWorkers(
+                admin_service_pb2.ListWorkersRequest(), timeout=10).workers
 
     def test_bad_options_are_refused_naming_the_argument(self):
         def ok(job):
@@ -268,11 +282,7 @@ class WorkerTest(unittest.TestCase):
         self.assertNotEqual(outputs[1]["embedding"], outputs[2]["embedding"])
 
         # The daemon sees the model resident on the worker, within its reported VRAM.
-        from dispatchd.v1 import admin_service_pb2, admin_service_pb2_grpc
-        with grpc.insecure_channel(self.fx.address) as channel:
-            workers = admin_service_pb2_grpc.AdminServiceStub(channel).ListWorkers(
-                admin_service_pb2.ListWorkersRequest(), timeout=10).workers
-        gpu0 = [w for w in workers if w.worker_id == "gpu-0"]
+        gpu0 = [w for w in self._workers() if w.worker_id == "gpu-0"]
         self.assertEqual(len(gpu0), 1)
         self.assertIn("toy-embed", list(gpu0[0].models_resident))
 
