@@ -355,7 +355,8 @@ def _parser():
                       help="run `/bin/sh -c CMD` per job: payload on stdin, stdout is the result; "
                            "non-zero exit fails with stderr as the message (exit 75 = retryable)")
     mode.add_argument("--simulate", metavar="MIX",
-                      help="sleep a duration drawn from a latency mix, e.g. '95%%:1s-5s,5%%:20s-40s'")
+                      help="sleep a duration drawn from a latency mix, "
+                           "e.g. '95%%:1s-5s,5%%:20s-40s'")
     mode.add_argument("--sleep-payload", action="store_true",
                       help="sleep the duration the job's payload names, e.g. '2.5s'")
     p.add_argument("--model-load-delay", default="0s",
@@ -448,7 +449,8 @@ def main(argv=None):
     try:
         worker = Worker(args.server, worker_id=args.id, types=types, handler=handler,
                         slots=args.slots, max_concurrent=args.max_concurrent or 0, labels=labels,
-                        gpus=[Gpu("0", int(args.gpu_memory_gb * 1e9))] if args.gpu_memory_gb else [],
+                        gpus=([Gpu("0", int(args.gpu_memory_gb * 1e9))] if args.gpu_memory_gb
+                              else []),
                         memory_probe=_memory_file_probe(args.memory_file) if args.memory_file
                         else None)
     except ValueError as e:

@@ -16,9 +16,9 @@ It behaves as the C++ SDK (client/cpp/worker.h) does:
   output, or by raising JobFailed (with `retryable` if another attempt may succeed); any other
   exception fails the job, not retryable.
 - Results are kept until the daemon acknowledges them and are sent again after every
-  reconnect, for the attempts the daemon re-adopts. Jobs keep running while the stream is down; the worker reconnects with jittered
-  exponential backoff, reports the jobs it holds in Hello, and cancels those the daemon does not
-  re-adopt.
+  reconnect, for the attempts the daemon re-adopts. Jobs keep running while the stream is
+  down; the worker reconnects with jittered exponential backoff, reports the jobs it holds in
+  Hello, and cancels those the daemon does not re-adopt.
 - Heartbeats carry the jobs held, resident models, RAM and GPU memory.
 - A standby daemon's Redirect sends the worker to the leader; after a failed attempt it tries the
   next address of `server` (comma-separated).
@@ -801,7 +801,7 @@ class Worker:
             value = self._handler(job)
         except JobFailed as e:
             return None, e
-        except BaseException as e:  # noqa: BLE001  (any handler error fails the job, not the worker)
+        except BaseException as e:  # noqa: BLE001  (a handler error fails the job, not the worker)
             return None, JobFailed(f"handler raised {type(e).__name__}: {e}")
         if value is None:
             return b"", None
