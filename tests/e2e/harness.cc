@@ -29,7 +29,6 @@
 extern char** environ;
 
 namespace dispatchd::e2e {
-namespace {
 
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path);
@@ -37,6 +36,8 @@ std::string ReadFile(const std::string& path) {
   ss << in.rdbuf();
   return ss.str();
 }
+
+namespace {
 
 std::vector<char*> Argv(const std::vector<std::string>& argv) {
   std::vector<char*> out;

@@ -67,6 +67,9 @@ std::string DispatchdBin();
 std::string DispatchctlBin();
 std::string WorkerBin();
 
+// The whole file ("" if it cannot be read).
+std::string ReadFile(const std::string& path);
+
 // A fresh directory under /tmp, removed with its contents on destruction. Mode 0755, so that an
 // embedded PostgreSQL run as another user can reach below it.
 class TempDir {

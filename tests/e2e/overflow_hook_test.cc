@@ -1,8 +1,6 @@
 // Spawn on overflow: when jobs wait for capacity the daemon runs the configured command, at most
 // once per interval, with the backlog per type in its environment.
-#include <fstream>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -19,11 +17,8 @@ using ::testing::Each;
 using ::testing::HasSubstr;
 
 std::vector<std::string> Lines(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
   std::vector<std::string> out;
-  for (absl::string_view line : absl::StrSplit(ss.str(), '\n', absl::SkipEmpty())) {
+  for (absl::string_view line : absl::StrSplit(ReadFile(path), '\n', absl::SkipEmpty())) {
     out.emplace_back(line);
   }
   return out;

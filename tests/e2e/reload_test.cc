@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -32,13 +31,6 @@ constexpr char kTypes[] = R"(  - name: echo
     burst: 1
 )";
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 absl::Time FromProto(const google::protobuf::Timestamp& t) {
   return absl::FromUnixSeconds(t.seconds()) + absl::Nanoseconds(t.nanos());
 }
@@ -55,7 +47,7 @@ class ReloadTest : public ::testing::Test {
     absl::StatusOr<std::unique_ptr<Daemon>> d = Daemon::Start(options, dir_);
     ASSERT_TRUE(d.ok()) << d.status();
     daemon_ = *std::move(d);
-    original_ = ReadAll(daemon_->config_path());
+    original_ = ReadFile(daemon_->config_path());
     absl::StatusOr<std::unique_ptr<Worker>> w = Worker::Start(
         daemon_->address(), {.id = "w", .types = {"echo", "llm", "fresh"}, .slots = 8}, dir_);
     ASSERT_TRUE(w.ok()) << w.status();
