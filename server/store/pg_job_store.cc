@@ -32,10 +32,12 @@
 #include "pqxx/transaction"
 #include <libpq-fe.h>
 
+#include "lib/util/check.h"
 #include "lib/util/status_macros.h"
 #include "server/store/migrations.h"
 #include "server/store/pg_conninfo.h"
 #include "server/store/pg_error.h"
+#include "server/store/pg_session.h"
 
 namespace dispatchd::store {
 namespace {
@@ -46,9 +48,25 @@ namespace {
 // read with `(extract(epoch FROM col) * 1000000)::int8`, both exact (extract returns numeric).
 // NULL timestamps mean "not yet" and read back as absl::InfinitePast().
 
+// How the planner may reach a statement's rows. Each statement is planned once per session and
+// its plan kept (PostgreSQL's plan cache keeps a generic plan after five executions, until the
+// table's statistics change). A plan made while jobs_active was small (a new daemon, a queue
+// just drained) reads the whole table, by sequential scan or hash join, and autovacuum updates
+// the statistics only a minute or more after the queue has grown by thousands: so a plan that
+// cost nothing at its start costs the whole queue on every turn. Sessions are therefore pinned
+// to point plans (kPinPointPlans), and the few statements that read a whole table say so.
+enum class Access {
+  // Rows named by key, or a bounded range of one index: planned with index and TID scans
+  // through nested loops only, whatever the statistics say.
+  kPoint,
+  // Every row of a table or of a partial index: planned as PostgreSQL likes best (ExecScan).
+  kScan,
+};
+
 struct Statement {
   const char* name;
   const char* sql;
+  Access access = Access::kPoint;
 };
 
 // Columns of a job, in the order RowToJob reads them (see enum Col), with `payload` the
@@ -79,6 +97,14 @@ struct Statement {
 // again to tell "fenced" from "the row moved on" (FenceHolds).
 #define DISPATCHD_PG_FENCE(n) \
   "fence AS (SELECT 1 FROM dispatchd_leader WHERE id = 1 AND epoch = $" #n "::int8 FOR SHARE)"
+
+// A test of a row's state (and what goes with it), as `CASE <prefix>state WHEN <cases> END`:
+// true where a WHEN's condition holds, NULL (no match) for any other state. A plain
+// `state = 'QUEUED'` would let the planner read rows through a whole partial index of that
+// state (jobs_queued_by_queue, jobs_placed_by_arrival) instead of probing the primary key, and
+// on statistics that call the index small it does, at a cost that grows with the queue. Used
+// where a statement finds its rows by id.
+#define DISPATCHD_PG_STATE_IS(prefix, cases) "CASE " prefix "state WHEN " cases " END"
 
 enum Col {
   kColId,
@@ -181,11 +207,12 @@ constexpr Statement kGetJobs{"get_jobs", "SELECT " DISPATCHD_PG_JOB_COLUMNS
 
 constexpr Statement kLoadActive{
     "load_active", "SELECT " DISPATCHD_PG_JOB_COLUMNS
-                   " FROM jobs_active WHERE state IN " DISPATCHD_PG_ACTIVE_STATES " ORDER BY seq"};
+                   " FROM jobs_active WHERE state IN " DISPATCHD_PG_ACTIVE_STATES " ORDER BY seq",
+    Access::kScan};
 
 constexpr Statement kLoadPlaced{"load_placed", "SELECT " DISPATCHD_PG_JOB_COLUMNS_NO_PAYLOAD
                                                " FROM jobs_active WHERE state IN ('DISPATCHED', "
-                                               "'RUNNING') ORDER BY seq"};
+                                               "'RUNNING') ORDER BY seq", Access::kScan};
 
 // $1 rows per queue. Each queue's QUEUED count, then its first rows: job columns, then the count
 // (kColSeq + 1). A queue is found with an index-only scan of jobs_queued_by_queue (migration 4);
@@ -200,7 +227,7 @@ SELECT j.*, q.n FROM q CROSS JOIN LATERAL (
   WHERE state = 'QUEUED' AND type = q.type AND fairness_key = q.fairness_key
   ORDER BY seq LIMIT $1::int8
 ) j
-ORDER BY j.seq)sql"};
+ORDER BY j.seq)sql", Access::kScan};
 
 // $1 type, $2 fairness key, $3 after seq, $4 limit.
 constexpr Statement kLoadQueuedPage{"load_queued_page",
@@ -220,12 +247,12 @@ SELECT j.type, j.fairness_key, count(*),
 FROM jobs_active j LEFT JOIN unnest($1::text[], $2::text[], $3::int8[]) AS b(type, fairness_key, bound)
   ON j.type = b.type AND j.fairness_key = b.fairness_key
 WHERE j.state = 'QUEUED'
-GROUP BY j.type, j.fairness_key)sql"};
+GROUP BY j.type, j.fairness_key)sql", Access::kScan};
 
 // $1 id, $2 attempt, $3 epoch.
 constexpr Statement kReturnToQueue{"return_to_queue", "WITH " DISPATCHD_PG_FENCE(3) R"sql(
 UPDATE jobs_active SET state = 'QUEUED', worker_id = '', updated_at = now()
-WHERE id = $1 AND state = 'DISPATCHED' AND attempt = $2::int4
+WHERE id = $1 AND )sql" DISPATCHD_PG_STATE_IS("", "'DISPATCHED' THEN attempt = $2::int4") R"sql(
   AND EXISTS (SELECT 1 FROM fence))sql"};
 
 // $1 id, $2 attempt, $3 not_before in us (NULL: at once), $4 error, $5 epoch. Like kFinish, a
@@ -234,8 +261,8 @@ constexpr Statement kRetry{"retry", "WITH " DISPATCHD_PG_FENCE(5) R"sql(
 UPDATE jobs_active SET state = 'QUEUED', attempt = $2::int4, worker_id = '',
                 not_before = timestamptz 'epoch' + $3::int8 * interval '1 microsecond',
                 error = $4, updated_at = now()
-WHERE id = $1 AND ((state = 'RUNNING' AND attempt = $2::int4) OR
-                   (state = 'DISPATCHED' AND attempt = $2::int4 - 1))
+WHERE id = $1 AND )sql" DISPATCHD_PG_STATE_IS("", "'RUNNING' THEN attempt = $2::int4 WHEN "
+                                                  "'DISPATCHED' THEN attempt = $2::int4 - 1") R"sql(
   AND EXISTS (SELECT 1 FROM fence))sql"};
 
 // Terminal transitions move the row from jobs_active to jobs_done (migration 5) in one
@@ -253,8 +280,9 @@ WHERE id = $1 AND ((state = 'RUNNING' AND attempt = $2::int4) OR
 // $1 id, $2 attempt, $3 terminal state, $4 result (binary), $5 error, $6 epoch.
 constexpr Statement kFinish{"finish", "WITH " DISPATCHD_PG_FENCE(6) R"sql(, moved AS (
   DELETE FROM jobs_active
-  WHERE id = $1 AND ((state = 'RUNNING' AND attempt = $2::int4) OR
-                     (state = 'DISPATCHED' AND attempt = $2::int4 - 1))
+  WHERE id = $1 AND )sql" DISPATCHD_PG_STATE_IS("", "'RUNNING' THEN attempt = $2::int4 WHEN "
+                                                    "'DISPATCHED' THEN attempt = $2::int4 - 1")
+                                                    R"sql(
     AND EXISTS (SELECT 1 FROM fence)
   RETURNING *
 )
@@ -266,37 +294,40 @@ constexpr Statement kMarkRunning{"mark_running", "WITH " DISPATCHD_PG_FENCE(4) R
 UPDATE jobs_active SET state = 'RUNNING', attempt = $2::int4, worker_id = $3,
                 started_at = CASE WHEN state = 'DISPATCHED' THEN now() ELSE started_at END,
                 updated_at = now()
-WHERE id = $1 AND ((state = 'DISPATCHED' AND attempt = $2::int4 - 1) OR
-                   (state = 'RUNNING' AND attempt = $2::int4))
+WHERE id = $1 AND )sql" DISPATCHD_PG_STATE_IS("", "'DISPATCHED' THEN attempt = $2::int4 - 1 "
+                                                  "WHEN 'RUNNING' THEN attempt = $2::int4") R"sql(
   AND EXISTS (SELECT 1 FROM fence))sql"};
 
-// Batch writes find their rows one request at a time (`req` CROSS JOIN LATERAL a lookup by id),
-// then change what they found by its tuple id (a TID scan: no second index probe). That shape
-// can only be planned as one primary-key probe per request, whatever the table's statistics
-// say. A plain join of the requests with the table is planned from statistics that trail a
-// table growing fast (a queue filling faster than autovacuum analyzes it): it then hashes every
-// queued row per statement. The change repeats the state and attempt test, so a row that moved
-// on in between is left alone (PostgreSQL re-tests a row changed by a concurrent transaction
-// before it writes it, following it to its newest version); only the claim locks what it finds,
-// to skip rows that other sessions hold, and a row it has locked keeps its tuple id.
+// Batch writes find their rows one request at a time, in a LATERAL subquery that the planner
+// must run once per request with the id as a parameter (OFFSET 0, or the claim's FOR UPDATE,
+// keeps it from being merged into a join, which could read the whole table or a whole index
+// instead), and then change each row found by its tuple id. Sessions are pinned to point plans
+// (kPinPointPlans), so a primary-key probe and a TID scan are all that is left to choose from,
+// whatever the planner believes about the table's size. The change tests the row's state and
+// attempt again (DISPATCHD_PG_STATE_IS), so a row that moved on in between is left alone:
+// PostgreSQL re-tests a row changed by a concurrent transaction before it writes it, following
+// it to its newest version. A tuple id found in the statement's own snapshot cannot be reused by
+// another row while the statement runs. Only the claim locks what it finds, to skip rows that
+// other sessions hold.
 //
 // The three batch writes of a dispatcher turn, as CTEs over parallel arrays (`$a`... name the
 // parameters), each after `fence` (DISPATCHD_PG_FENCE): FinishMany, MarkRunningMany and Claim
 // run one alone, WriteTurn all three in one statement.
 //
 // Finishes: ids $a, attempts $b, terminal states $c, results $d (hex, so that a text array
-// carries any bytes), errors $e. `done` holds the ids finished.
+// carries any bytes), errors $e. `done` holds the ids finished. A failure that overtook its
+// accept (the row still DISPATCHED at the attempt before) counts.
 #define DISPATCHD_PG_FINISHES(a, b, c, d, e)                                                  \
   "f_req AS (SELECT * FROM unnest($" #a "::text[], $" #b "::int4[], $" #c "::text[], $" #d   \
   "::text[], $" #e "::text[]) AS r(id, attempt, state, result_hex, error)), "                 \
-  "f_hit AS (SELECT j.ctid AS tid, f_req.* FROM f_req CROSS JOIN LATERAL ("                   \
-  "SELECT ctid FROM jobs_active WHERE id = f_req.id) j WHERE EXISTS (SELECT 1 FROM fence)), " \
-  "moved AS (DELETE FROM jobs_active j USING f_hit "                                          \
-  "WHERE j.ctid = ANY(ARRAY(SELECT tid FROM f_hit)) AND j.id = f_hit.id "                     \
-  "AND ((j.state = 'RUNNING' AND j.attempt = f_hit.attempt) OR "                              \
-  "(j.state = 'DISPATCHED' AND j.attempt = f_hit.attempt - 1)) "                              \
-  "RETURNING j.*, f_hit.state AS new_state, f_hit.attempt AS new_attempt, f_hit.result_hex, " \
-  "f_hit.error AS new_error), "                                                               \
+  "f_hit AS (SELECT j.tid, r.* FROM f_req r CROSS JOIN LATERAL ("                             \
+  "SELECT ctid AS tid FROM jobs_active WHERE id = r.id OFFSET 0) j "                          \
+  "WHERE EXISTS (SELECT 1 FROM fence)), "                                                     \
+  "moved AS (DELETE FROM jobs_active j USING f_hit h WHERE j.ctid = h.tid AND "               \
+  DISPATCHD_PG_STATE_IS("j.", "'RUNNING' THEN j.attempt = h.attempt WHEN 'DISPATCHED' THEN "  \
+                              "j.attempt = h.attempt - 1")                                    \
+  " RETURNING j.*, h.state AS new_state, h.attempt AS new_attempt, h.result_hex, "            \
+  "h.error AS new_error), "                                                                   \
   "done AS (" DISPATCHD_PG_INSERT_DONE("m.new_state", "m.new_attempt",                        \
                                        "decode(m.result_hex, 'hex')", "m.new_error")         \
   " RETURNING id)"
@@ -305,28 +336,28 @@ WHERE id = $1 AND ((state = 'DISPATCHED' AND attempt = $2::int4 - 1) OR
 #define DISPATCHD_PG_MARKS(a, b, c)                                                           \
   "m_req AS (SELECT * FROM unnest($" #a "::text[], $" #b "::int4[], $" #c "::text[]) "        \
   "AS r(id, attempt, worker_id)), "                                                           \
-  "m_hit AS (SELECT j.ctid AS tid, m_req.* FROM m_req CROSS JOIN LATERAL ("                   \
-  "SELECT ctid FROM jobs_active WHERE id = m_req.id) j WHERE EXISTS (SELECT 1 FROM fence)), " \
-  "marked AS (UPDATE jobs_active SET state = 'RUNNING', attempt = m_hit.attempt, "            \
-  "worker_id = m_hit.worker_id, started_at = CASE WHEN jobs_active.state = 'DISPATCHED' "     \
-  "THEN now() ELSE jobs_active.started_at END, updated_at = now() FROM m_hit "                \
-  "WHERE jobs_active.ctid = ANY(ARRAY(SELECT tid FROM m_hit)) AND jobs_active.id = m_hit.id " \
-  "AND ((jobs_active.state = 'DISPATCHED' AND jobs_active.attempt = m_hit.attempt - 1) OR "   \
-  "(jobs_active.state = 'RUNNING' AND jobs_active.attempt = m_hit.attempt)) "                 \
-  "RETURNING jobs_active.id)"
+  "m_hit AS (SELECT j.tid, r.* FROM m_req r CROSS JOIN LATERAL ("                             \
+  "SELECT ctid AS tid FROM jobs_active WHERE id = r.id OFFSET 0) j "                          \
+  "WHERE EXISTS (SELECT 1 FROM fence)), "                                                     \
+  "marked AS (UPDATE jobs_active j SET state = 'RUNNING', attempt = h.attempt, "              \
+  "worker_id = h.worker_id, started_at = CASE WHEN j.state = 'DISPATCHED' THEN now() "        \
+  "ELSE j.started_at END, updated_at = now() FROM m_hit h WHERE j.ctid = h.tid AND "          \
+  DISPATCHD_PG_STATE_IS("j.", "'DISPATCHED' THEN j.attempt = h.attempt - 1 WHEN 'RUNNING' "   \
+                              "THEN j.attempt = h.attempt")                                   \
+  " RETURNING j.id)"
 // Claims: ids $a, attempts $b (attempts started so far, as the caller last saw them), worker ids
 // $c. Rows locked by another session are skipped; a row whose state or attempt moved on does not
 // match. `claimed` holds the ids claimed and their payloads.
 #define DISPATCHD_PG_CLAIMS(a, b, c)                                                          \
   "c_req AS (SELECT * FROM unnest($" #a "::text[], $" #b "::int4[], $" #c "::text[]) "        \
   "AS r(id, attempt, worker_id)), "                                                           \
-  "c_hit AS (SELECT j.ctid AS tid, c_req.worker_id FROM c_req CROSS JOIN LATERAL ("           \
-  "SELECT ctid FROM jobs_active WHERE id = c_req.id AND attempt = c_req.attempt "             \
-  "AND state = 'QUEUED' FOR UPDATE SKIP LOCKED) j WHERE EXISTS (SELECT 1 FROM fence)), "      \
-  "claimed AS (UPDATE jobs_active SET state = 'DISPATCHED', worker_id = c_hit.worker_id, "    \
-  "dispatched_at = now(), updated_at = now() FROM c_hit "                                     \
-  "WHERE jobs_active.ctid = ANY(ARRAY(SELECT tid FROM c_hit)) "                               \
-  "AND jobs_active.ctid = c_hit.tid RETURNING jobs_active.id, jobs_active.payload)"
+  "c_hit AS (SELECT j.tid, r.worker_id FROM c_req r CROSS JOIN LATERAL ("                     \
+  "SELECT ctid AS tid FROM jobs_active WHERE id = r.id AND "                                  \
+  DISPATCHD_PG_STATE_IS("", "'QUEUED' THEN attempt = r.attempt")                             \
+  " FOR UPDATE SKIP LOCKED) j WHERE EXISTS (SELECT 1 FROM fence)), "                          \
+  "claimed AS (UPDATE jobs_active j SET state = 'DISPATCHED', worker_id = h.worker_id, "      \
+  "dispatched_at = now(), updated_at = now() FROM c_hit h WHERE j.ctid = h.tid "              \
+  "RETURNING j.id, j.payload)"
 
 // $1..$5 the finishes, $6 epoch. Returns the ids finished.
 constexpr Statement kFinishMany{"finish_many", "WITH " DISPATCHD_PG_FENCE(6) ", "
@@ -366,14 +397,19 @@ SELECT )sql" DISPATCHD_PG_JOB_COLUMNS R"sql(, (SELECT state FROM moved) FROM don
 // $1 id: the state of an ended job (to tell "already ended" from "not found").
 constexpr Statement kDoneState{"done_state", "SELECT state FROM jobs_done WHERE id = $1"};
 
-// $1 now in us, $2 error, $3 epoch. Rows locked by a concurrent claim are left for the next sweep.
+// $1 now in us, $2 error, $3 epoch, $4 the most rows to expire. Rows locked by a concurrent claim
+// are left for the next sweep. The overdue rows are read in deadline order through
+// jobs_queued_by_deadline, up to the limit, so that the plan is that index's range whatever the
+// statistics say (a whole scan of jobs_queued_by_queue would look as cheap on a small table);
+// PgJobStore::ExpireOverdue repeats it until a call comes back short.
 constexpr Statement kExpireOverdue{"expire_overdue", "WITH " DISPATCHD_PG_FENCE(3) R"sql(, c AS (
-  SELECT id FROM jobs_active
+  SELECT ctid AS tid FROM jobs_active
   WHERE state = 'QUEUED' AND EXISTS (SELECT 1 FROM fence)
     AND dispatch_deadline_at < timestamptz 'epoch' + $1::int8 * interval '1 microsecond'
+  ORDER BY dispatch_deadline_at LIMIT $4::int8
   FOR UPDATE SKIP LOCKED
 ), moved AS (
-  DELETE FROM jobs_active j USING c WHERE j.id = c.id RETURNING j.*
+  DELETE FROM jobs_active j USING c WHERE j.ctid = c.tid RETURNING j.*
 )
 )sql" DISPATCHD_PG_INSERT_DONE("'EXPIRED'", "m.attempt", "m.result", "$2") " RETURNING id"};
 
@@ -381,15 +417,16 @@ constexpr Statement kCountByTypeAndState{
     "count_by_type_and_state",
     "SELECT type, state, sum(n)::int8 FROM (SELECT type, state, count(*) AS n FROM jobs_active "
     "GROUP BY type, state UNION ALL SELECT type, state, count(*) FROM jobs_done GROUP BY type, "
-    "state) c GROUP BY type, state ORDER BY type, state"};
+    "state) c GROUP BY type, state ORDER BY type, state", Access::kScan};
 
 constexpr Statement kCountActive{
-    "count_active", "SELECT count(*) FROM jobs_active WHERE state IN " DISPATCHD_PG_ACTIVE_STATES};
+    "count_active", "SELECT count(*) FROM jobs_active WHERE state IN " DISPATCHD_PG_ACTIVE_STATES,
+    Access::kScan};
 
 constexpr Statement kCountActiveByTypeAndState{
     "count_active_by_type_and_state",
     "SELECT type, state, count(*) FROM jobs_active WHERE state IN " DISPATCHD_PG_ACTIVE_STATES
-    " GROUP BY type, state ORDER BY type, state"};
+    " GROUP BY type, state ORDER BY type, state", Access::kScan};
 
 // $1 ids.
 constexpr Statement kGetRefs{
@@ -402,7 +439,7 @@ constexpr Statement kGetRefs{
 constexpr Statement kLoadPlacedRefs{
     "load_placed_refs",
     "SELECT id, state, attempt, worker_id, (extract(epoch FROM updated_at) * 1000000)::int8 "
-    "FROM jobs_active WHERE state IN ('DISPATCHED', 'RUNNING')"};
+    "FROM jobs_active WHERE state IN ('DISPATCHED', 'RUNNING')", Access::kScan};
 
 // $1 job id: tells the leader (LISTEN dispatchd_jobs, pg_leader_lease.h) to look at the row.
 constexpr Statement kNotifyChanged{"notify_changed", "SELECT pg_notify('dispatchd_jobs', $1)"};
@@ -413,6 +450,7 @@ constexpr Statement kLeaderEpoch{"leader_epoch", "SELECT epoch FROM dispatchd_le
 #undef DISPATCHD_PG_JOB_COLUMNS
 #undef DISPATCHD_PG_ACTIVE_STATES
 #undef DISPATCHD_PG_FENCE
+#undef DISPATCHD_PG_STATE_IS
 
 constexpr Statement kAllStatements[] = {
     kInsertJobs,
@@ -446,6 +484,32 @@ constexpr Statement kAllStatements[] = {
     kNotifyChanged,
     kLeaderEpoch,
 };
+
+// Pins a session's planner to point plans (Access::kPoint): index and TID scans joined by nested
+// loops. Each setting adds a cost penalty rather than a ban, so a statement that has no other
+// way still runs.
+constexpr char kPinPointPlans[] =
+    "SET enable_seqscan = off; SET enable_bitmapscan = off; SET enable_hashjoin = off; "
+    "SET enable_mergejoin = off; SET enable_material = off";
+
+// Gives the planner back what kPinPointPlans took, for the transaction it runs in.
+constexpr char kUnpinForScan[] =
+    "SET LOCAL enable_seqscan TO DEFAULT; SET LOCAL enable_bitmapscan TO DEFAULT; "
+    "SET LOCAL enable_hashjoin TO DEFAULT; SET LOCAL enable_mergejoin TO DEFAULT; "
+    "SET LOCAL enable_material TO DEFAULT";
+
+// Runs an Access::kScan statement in a read-only transaction of its own, planned with every plan
+// PostgreSQL has. Each such statement is always run this way, so the plan a session keeps for it
+// was made under the same settings.
+template <typename... Args>
+pqxx::result ExecScan(pqxx::connection& conn, const Statement& statement, Args&&... args) {
+  DISPATCHD_CHECK(statement.access == Access::kScan, statement.name);
+  pqxx::read_transaction txn(conn);
+  txn.exec(kUnpinForScan);
+  pqxx::result rows = txn.exec_prepared(statement.name, std::forward<Args>(args)...);
+  txn.commit();
+  return rows;
+}
 
 // ---------------------------------------------------------------------------------------------
 // Conversions.
@@ -665,14 +729,11 @@ absl::StatusOr<std::unique_ptr<pqxx::connection>> OpenConnection(const Target& t
   }
 }
 
-// Prepares every statement on `conn` (one round trip each, once per connection), so a schema
-// that does not match fails at Connect rather than on first use.
+// PrepareSession, translated: a schema that does not match fails at Connect rather than on
+// first use.
 absl::Status PrepareStatements(pqxx::connection& conn, const Target& target) {
   try {
-    for (const Statement& s : kAllStatements) {
-      conn.prepare(s.name, s.sql);
-      conn.prepare_now(s.name);
-    }
+    PrepareSession(conn);
     return absl::OkStatus();
   } catch (const std::exception& e) {
     return TranslatePgError(e, absl::StrCat("postgres ", target.endpoint, ": prepare statements"));
@@ -686,6 +747,25 @@ absl::StatusOr<std::unique_ptr<pqxx::connection>> OpenPrepared(const Target& tar
 }
 
 }  // namespace
+
+void PrepareSession(pqxx::connection& conn) {
+  {
+    pqxx::nontransaction txn(conn);
+    txn.exec(kPinPointPlans);
+  }
+  for (const Statement& s : kAllStatements) {
+    conn.prepare(s.name, s.sql);
+    conn.prepare_now(s.name);  // one round trip each, once per connection
+  }
+}
+
+std::vector<PreparedStatementName> PreparedStatementNames() {
+  std::vector<PreparedStatementName> out;
+  for (const Statement& s : kAllStatements) {
+    out.push_back({.name = s.name, .scans = s.access == Access::kScan});
+  }
+  return out;
+}
 
 // ---------------------------------------------------------------------------------------------
 // Pool.
@@ -1163,16 +1243,14 @@ absl::StatusOr<std::vector<job::Job>> PgJobStore::GetMany(const std::vector<std:
 absl::StatusOr<std::vector<job::Job>> PgJobStore::LoadActive() {
   return WithConnection(*pool_, "load active jobs",
                         [&](pqxx::connection& conn) -> absl::StatusOr<std::vector<job::Job>> {
-                          pqxx::nontransaction txn(conn);
-                          return RowsToJobs(txn.exec_prepared(kLoadActive.name));
+                          return RowsToJobs(ExecScan(conn, kLoadActive));
                         });
 }
 
 absl::StatusOr<std::vector<job::Job>> PgJobStore::LoadPlaced() {
   return WithConnection(*pool_, "load placed jobs",
                         [&](pqxx::connection& conn) -> absl::StatusOr<std::vector<job::Job>> {
-                          pqxx::nontransaction txn(conn);
-                          return RowsToJobs(txn.exec_prepared(kLoadPlaced.name));
+                          return RowsToJobs(ExecScan(conn, kLoadPlaced));
                         });
 }
 
@@ -1180,8 +1258,7 @@ absl::StatusOr<QueuedHeads> PgJobStore::LoadQueuedHeads(int64_t per_queue) {
   return WithConnection(
       *pool_, "load the heads of the queues",
       [&](pqxx::connection& conn) -> absl::StatusOr<QueuedHeads> {
-        pqxx::nontransaction txn(conn);
-        pqxx::result rows = txn.exec_prepared(kLoadQueuedHeads.name, per_queue);
+        pqxx::result rows = ExecScan(conn, kLoadQueuedHeads, per_queue);
         QueuedHeads out;
         out.jobs.reserve(rows.size());
         absl::flat_hash_set<std::pair<std::string, std::string>> seen;
@@ -1233,10 +1310,9 @@ absl::StatusOr<std::vector<QueueCount>> PgJobStore::CountQueued(
   }
   return WithConnection(*pool_, "count queued jobs",
                         [&](pqxx::connection& conn) -> absl::StatusOr<std::vector<QueueCount>> {
-                          pqxx::nontransaction txn(conn);
                           pqxx::result rows =
-                              txn.exec_prepared(kCountQueued.name, TextArrayLiteral(types),
-                                                TextArrayLiteral(keys), IntArrayLiteral(limits));
+                              ExecScan(conn, kCountQueued, TextArrayLiteral(types),
+                                       TextArrayLiteral(keys), IntArrayLiteral(limits));
                           std::vector<QueueCount> out;
                           out.reserve(rows.size());
                           for (const pqxx::row& r : rows) {
@@ -1500,6 +1576,13 @@ absl::StatusOr<CancelOutcome> PgJobStore::Cancel(const std::string& job_id,
       });
 }
 
+namespace {
+
+// Rows one expire_overdue statement moves at most (each its own transaction).
+constexpr int64_t kExpiryBatch = 10000;
+
+}  // namespace
+
 absl::StatusOr<std::vector<std::string>> PgJobStore::ExpireOverdue(absl::Time now,
                                                                    const std::string& error) {
   if (now == absl::InfinitePast()) return std::vector<std::string>{};
@@ -1509,8 +1592,15 @@ absl::StatusOr<std::vector<std::string>> PgJobStore::ExpireOverdue(absl::Time no
   return WithConnection(*pool_, "expire overdue jobs",
                         [&](pqxx::connection& conn) -> absl::StatusOr<std::vector<std::string>> {
                           pqxx::nontransaction txn(conn);
-                          return Ids(txn.exec_prepared(kExpireOverdue.name, absl::ToUnixMicros(now),
-                                                       error, fence_.load()));
+                          std::vector<std::string> expired;
+                          while (true) {
+                            std::vector<std::string> batch =
+                                Ids(txn.exec_prepared(kExpireOverdue.name, absl::ToUnixMicros(now),
+                                                      error, fence_.load(), kExpiryBatch));
+                            expired.insert(expired.end(), batch.begin(), batch.end());
+                            if (static_cast<int64_t>(batch.size()) < kExpiryBatch) break;
+                          }
+                          return expired;
                         });
 }
 
@@ -1518,8 +1608,7 @@ absl::StatusOr<std::vector<TypeStateCount>> PgJobStore::CountByTypeAndState() {
   return WithConnection(
       *pool_, "count jobs by type and state",
       [&](pqxx::connection& conn) -> absl::StatusOr<std::vector<TypeStateCount>> {
-        pqxx::nontransaction txn(conn);
-        pqxx::result rows = txn.exec_prepared(kCountByTypeAndState.name);
+        pqxx::result rows = ExecScan(conn, kCountByTypeAndState);
         std::vector<TypeStateCount> counts;
         counts.reserve(rows.size());
         for (const pqxx::row& row : rows) {
@@ -1538,8 +1627,7 @@ absl::StatusOr<std::vector<TypeStateCount>> PgJobStore::CountByTypeAndState() {
 absl::StatusOr<int64_t> PgJobStore::CountActive() {
   return WithConnection(*pool_, "count active jobs",
                         [&](pqxx::connection& conn) -> absl::StatusOr<int64_t> {
-                          pqxx::nontransaction txn(conn);
-                          return txn.exec_prepared(kCountActive.name)[0][0].as<int64_t>();
+                          return ExecScan(conn, kCountActive)[0][0].as<int64_t>();
                         });
 }
 
@@ -1547,8 +1635,7 @@ absl::StatusOr<std::vector<TypeStateCount>> PgJobStore::CountActiveByTypeAndStat
   return WithConnection(
       *pool_, "count active jobs by type and state",
       [&](pqxx::connection& conn) -> absl::StatusOr<std::vector<TypeStateCount>> {
-        pqxx::nontransaction txn(conn);
-        pqxx::result rows = txn.exec_prepared(kCountActiveByTypeAndState.name);
+        pqxx::result rows = ExecScan(conn, kCountActiveByTypeAndState);
         std::vector<TypeStateCount> counts;
         counts.reserve(rows.size());
         for (const pqxx::row& row : rows) {
@@ -1574,8 +1661,7 @@ absl::StatusOr<std::vector<JobRef>> PgJobStore::GetRefs(const std::vector<std::s
 absl::StatusOr<std::vector<JobRef>> PgJobStore::LoadPlacedRefs() {
   return WithConnection(*pool_, "load dispatched and running jobs",
                         [&](pqxx::connection& conn) -> absl::StatusOr<std::vector<JobRef>> {
-                          pqxx::nontransaction txn(conn);
-                          return RowsToRefs(txn.exec_prepared(kLoadPlacedRefs.name));
+                          return RowsToRefs(ExecScan(conn, kLoadPlacedRefs));
                         });
 }
 
