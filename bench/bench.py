@@ -24,6 +24,17 @@ Scenarios:
           them; then again on a fresh database with SubmitBatch calls of --batch (100) specs,
           --batch-inflight (4) per client. For each: jobs/s submitted (first send to last
           answer) and completed (first send to the last finished_at), and the call latency.
+          Each run also drains --jobs preloaded jobs (as `drain`, unless --no-drain) and prints
+          each flood's completions over that rate.
+  submitted
+          a daemon that has served a short queue (1000 jobs through its workers, which then
+          stop) takes --jobs jobs by SubmitBatch with no worker connected; then the workers
+          drain them. jobs/s as `drain` measures it, beside a preloaded drain in the same run,
+          and the daemon's time in turn statements per job (its /metrics).
+  turncost
+          as `submitted`, with single Submit calls, once for each of --queued (10k, 100k and
+          1M jobs): the daemon's time in turn statements (run and commit) per job drained at
+          each size, and the largest over the smallest.
   latency light load: --probes (1000, after --warmup 20) Submit calls at --rate (100) per
           second, at most --probe-inflight (1) at once, then as many RunSync calls. Submit to
           worker: from the client's send to the worker's handler start (both CLOCK_REALTIME on
@@ -40,6 +51,8 @@ Examples:
   python3 bench/bench.py lab --runs 1 --variant unlimited            # ~3 min
   python3 bench/bench.py drain --pg-url postgresql://me@db:5432/postgres --out /tmp/drain
   python3 bench/bench.py e2e --jobs 20000 --runs 1
+  python3 bench/bench.py submitted --jobs 100000
+  python3 bench/bench.py turncost --runs 1                           # ~10 min
   python3 bench/bench.py latency --probes 300 --runs 1
 
 Python 3 standard library only; needs the binaries in build/ (or --build) and psql.
@@ -55,11 +68,13 @@ import os
 import re
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -99,6 +114,25 @@ class Daemon:
         self.addr = None
         self.workers = []
         self.start_logs = []
+        self.metrics_addr = None  # set by serve_metrics
+
+    def serve_metrics(self):
+        """Makes the next start serve /metrics on a free port of its own (read with metrics())."""
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.metrics_addr = f"127.0.0.1:{s.getsockname()[1]}"
+
+    def metrics(self):
+        """The daemon's /metrics: {(name, labels text): value}, e.g.
+        {("dispatchd_store_commit_seconds_sum", 'op="turn"'): 1.5}."""
+        with urllib.request.urlopen(f"http://{self.metrics_addr}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        out = {}
+        for line in text.splitlines():
+            m = re.match(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$', line)
+            if m:
+                out[(m.group(1), m.group(2) or "")] = float(m.group(3))
+        return out
 
     def write_config(self, types, policy=None):
         """types: names, or dicts of a name and other `types[]` keys (model, rpm, burst)."""
@@ -106,7 +140,7 @@ class Daemon:
         lines = [
             "listen: 127.0.0.1:0",
             "metrics:",
-            "  listen: 127.0.0.1:0",
+            f"  listen: {self.metrics_addr or '127.0.0.1:0'}",
             f"state_dir: {yaml_str(os.path.join(self.dir, 'state'))}",
             "log_level: warn",
             "max_active: 10000000",
@@ -207,11 +241,38 @@ class Daemon:
 
 
 def queue_noop_jobs(url, n, jtype):
-    """Inserts n queued jobs in one statement, as a client's bulk load would leave them."""
-    psql(url, "INSERT INTO jobs_active (id, type, payload, state, max_attempts, timeout_ms, "
-              f"created_at, updated_at) SELECT 'j' || i, '{jtype}', ''::bytea, 'QUEUED', 3, 60000, "
-              f"now(), now() FROM generate_series(1, {int(n)}) AS i", timeout=600)
+    """Inserts n queued jobs in one statement, shaped as dispatch-loadgen's Submit calls leave
+    them: the daemon's id format (j_ + 12 hex digits of milliseconds, in arrival order, + 16
+    random ones), the caller's address as the fairness key and a one-byte payload. So a drain of
+    them and a drain of the same number submitted to a running daemon do the same work."""
+    psql(url, "INSERT INTO jobs_active (id, type, payload, fairness_key, state, max_attempts, "
+              "timeout_ms, created_at, updated_at) "
+              "SELECT 'j_' || lpad(to_hex((extract(epoch FROM now()) * 1000)::int8 + i / 20), 12, "
+              "'0') || lpad(to_hex((random() * 2147483647)::int8 * 4294967296 + "
+              "(random() * 4294967295)::int8), 16, '0'), "
+              f"'{jtype}', 'x'::bytea, 'ipv4:127.0.0.1', 'QUEUED', 3, 60000, now(), now() "
+              f"FROM generate_series(1, {int(n)}) AS i", timeout=600)
     psql(url, "VACUUM ANALYZE jobs_active", timeout=600)
+
+
+def machine_busy():
+    """(busy, all) CPU seconds of the whole machine so far, from /proc/stat."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:9]]
+    hz = os.sysconf("SC_CLK_TCK")
+    idle = v[3] + v[4]
+    return (sum(v) - idle) / hz, sum(v) / hz
+
+
+def cpu_figures(prefix, jobs, busy0, busy1, procs):
+    """CPU per job over a window: the whole machine's busy time and its busy share, and each
+    named process's (procs: name -> CPU seconds in the window, None if unknown)."""
+    busy, total = busy1[0] - busy0[0], busy1[1] - busy0[1]
+    out = {f"{prefix}cpu_us_per_job": round(busy / jobs * 1e6, 1),
+           f"{prefix}cpu_busy_share": round(busy / total, 3) if total else None}
+    for name, sec in procs.items():
+        out[f"{prefix}{name}_cpu_us_per_job"] = None if sec is None else round(sec / jobs * 1e6, 1)
+    return out
 
 
 # ------------------------------------------------------------------------------------------------
@@ -242,6 +303,7 @@ def drain_once(b, name, jobs, finished=0):
         queue_noop_jobs(d.url, jobs, "noop")
         started = time.time()
         load_s = d.start(["noop"])
+        busy0, daemon0 = machine_busy(), cpu_seconds(d.proc.pid)
         d.start_workers(a.workers, ["noop"], a.slots)
         peak_rss = 0
         deadline = time.time() + a.timeout
@@ -253,6 +315,8 @@ def drain_once(b, name, jobs, finished=0):
             if time.time() > deadline:
                 raise BenchError(f"drain did not finish in {a.timeout} s; logs in {d.dir}")
             time.sleep(0.5)
+        busy1, daemon1 = machine_busy(), cpu_seconds(d.proc.pid)
+        workers_cpu = sum(cpu_seconds(w.pid) or 0 for w in d.workers)
         row = psql(d.url, "SELECT count(*), extract(epoch FROM max(finished_at) - "
                           "min(dispatched_at)), count(*) FILTER (WHERE state = 'SUCCEEDED'), "
                           "extract(epoch FROM min(dispatched_at)) "
@@ -260,10 +324,14 @@ def drain_once(b, name, jobs, finished=0):
         n, span, ok = int(row[0]), float(row[1]), int(row[2])
         if ok != n or n != jobs:
             raise BenchError(f"drain: {ok} of {jobs} jobs succeeded ({n} rows); logs in {d.dir}")
-        return {"jobs": n, "seconds": round(span, 3), "jobs_per_s": round(n / span),
-                "load_s": round(load_s, 2),
-                "first_dispatch_s": round(float(row[3]) - started, 2),
-                "daemon_peak_rss_mib": round(peak_rss / 1024, 1)}
+        out = {"jobs": n, "seconds": round(span, 3), "jobs_per_s": round(n / span),
+               "load_s": round(load_s, 2),
+               "first_dispatch_s": round(float(row[3]) - started, 2),
+               "daemon_peak_rss_mib": round(peak_rss / 1024, 1)}
+        out.update(cpu_figures("", n, busy0, busy1, {
+            "daemon": None if daemon0 is None or daemon1 is None else daemon1 - daemon0,
+            "workers": workers_cpu}))
+        return out
     finally:
         d.stop()
         d.drop()
@@ -415,7 +483,7 @@ def e2e_variant(b, i, variant, batch, inflight):
     try:
         d.start(["noop"])
         d.start_workers(a.workers, ["noop"], a.slots, start_logs=True)
-        cpu0 = cpu_seconds(d.proc.pid)
+        cpu0, busy0 = cpu_seconds(d.proc.pid), machine_busy()
         rec = os.path.join(d.dir, "records")
         s = run_loadgen(b, d, ["--wait-workers", str(a.workers), "--record", rec, "flood",
                                "--jobs", str(a.jobs), "--clients", str(a.clients),
@@ -424,13 +492,17 @@ def e2e_variant(b, i, variant, batch, inflight):
         wait_drained(d, a.timeout)
         last_finish = float(psql(d.url, "SELECT extract(epoch FROM max(finished_at)) "
                                         "FROM jobs")[0][0])
-        cpu1 = cpu_seconds(d.proc.pid)
+        cpu1, busy1 = cpu_seconds(d.proc.pid), machine_busy()
+        workers_cpu = sum(cpu_seconds(w.pid) or 0 for w in d.workers)
         d.stop_workers()
         check_ran_once(d, read_records(rec), a.jobs, read_start_logs(d.start_logs))
         start = s["start_us"] / 1e6
         lat = s["latency_us"]
         v = variant
-        return {f"{v}_submitted_per_s": round(s["jobs"] / s["seconds"]),
+        cpu = cpu_figures(f"{v}_", a.jobs, busy0, busy1, {
+            "daemon": None if cpu0 is None or cpu1 is None else cpu1 - cpu0,
+            "workers": workers_cpu, "loadgen": s["cpu_s"]})
+        return {**cpu, f"{v}_submitted_per_s": round(s["jobs"] / s["seconds"]),
                 f"{v}_completed_per_s": round(s["jobs"] / (last_finish - start)),
                 f"{v}_call_p50_ms": round(lat["p50"] / 1000, 2),
                 f"{v}_call_p99_ms": round(lat["p99"] / 1000, 2),
@@ -443,10 +515,116 @@ def e2e_variant(b, i, variant, batch, inflight):
 
 
 def run_e2e(b, i):
+    """Both floods, and a preloaded drain of as many jobs in the same run to compare with: jobs
+    that arrive while the workers drain should complete as fast as a backlog loaded at start."""
     a = b.args
     out = {"jobs": a.jobs}
     out.update(e2e_variant(b, i, "single", 1, a.inflight))
     out.update(e2e_variant(b, i, "batch", a.batch, a.batch_inflight))
+    if not a.no_drain:
+        drain = drain_once(b, f"drain-{i}", a.jobs)
+        out["drain_jobs_per_s"] = drain["jobs_per_s"]
+        for k in ("cpu_us_per_job", "cpu_busy_share", "daemon_cpu_us_per_job",
+                  "workers_cpu_us_per_job"):
+            out[f"drain_{k}"] = drain[k]
+        out["single_completed_to_drain"] = round(
+            out["single_completed_per_s"] / out["drain_jobs_per_s"], 3)
+        out["batch_completed_to_drain"] = round(
+            out["batch_completed_per_s"] / out["drain_jobs_per_s"], 3)
+    return out
+
+
+def warm_up(b, d, jobs=1000):
+    """Runs `jobs` jobs through d's workers, then stops them: a daemon that has served a short
+    queue, whose store sessions have planned their statements on a small table, as a daemon in
+    production has before a burst. Then its queue fills with no worker to drain it."""
+    a = b.args
+    d.start_workers(a.workers, ["noop"], a.slots)
+    run_loadgen(b, d, ["--wait-workers", str(a.workers), "flood", "--jobs", str(jobs),
+                       "--clients", "1", "--inflight", "16", "--batch", "1"], a.timeout)
+    wait_drained(d, a.timeout)
+    d.stop_workers()
+
+
+def drain_submitted(b, d, jobs, batch, inflight):
+    """Queues `jobs` into the running daemon d with no worker connected (SubmitBatch calls of
+    `batch`, or Submit calls when batch is 1), then starts the workers and drains them. Figures
+    from the rows, as drain_once's: jobs/s from the first dispatch to the last finish of the
+    jobs queued, plus the daemon's turn statements over the drain, from its /metrics."""
+    a = b.args
+    t0 = time.time()
+    run_loadgen(b, d, ["flood", "--jobs", str(jobs), "--clients", str(a.clients), "--inflight",
+                       str(inflight), "--batch", str(batch),
+                       "--threads", str(a.loadgen_threads)], a.timeout)
+    submit_s = time.time() - t0
+    m0 = d.metrics()
+    started = time.time()
+    d.start_workers(a.workers, ["noop"], a.slots)
+    wait_drained(d, a.timeout)
+    m1 = d.metrics()
+    row = psql(d.url, "SELECT count(*), extract(epoch FROM max(finished_at) - min(dispatched_at)), "
+                      "count(*) FILTER (WHERE state = 'SUCCEEDED') FROM jobs_done "
+                      f"WHERE dispatched_at >= to_timestamp({started})")[0]
+    n, span, ok = int(row[0]), float(row[1]), int(row[2])
+    if ok != n or n != jobs:
+        raise BenchError(f"submitted drain: {ok} of {jobs} jobs succeeded ({n} rows); "
+                         f"logs in {d.dir}")
+    delta = lambda name: (m1.get((name, 'op="turn"'), 0.0) - m0.get((name, 'op="turn"'), 0.0))
+    turn_s = delta("dispatchd_store_commit_seconds_sum")
+    statements = max(1.0, delta("dispatchd_store_batch_rows_count"))
+    return {"jobs": n, "submit_s": round(submit_s, 2), "seconds": round(span, 3),
+            "jobs_per_s": round(n / span),
+            "turns": int(delta("dispatchd_store_commit_seconds_count")),
+            "turn_us_per_job": round(turn_s / n * 1e6, 2),
+            "turn_rows_per_statement": round(delta("dispatchd_store_batch_rows_sum") / statements,
+                                             1)}
+
+
+def run_submitted(b, i):
+    """--jobs queued by SubmitBatch into a running daemon that has served before, then drained;
+    beside a drain of as many jobs loaded before the daemon started, in the same run."""
+    a = b.args
+    plain = drain_once(b, f"drain-{i}", a.jobs)
+    d = Daemon(b, f"submitted-{i}")
+    try:
+        d.serve_metrics()
+        d.start(["noop"])
+        warm_up(b, d)
+        sub = drain_submitted(b, d, a.jobs, a.batch, a.batch_inflight)
+        d.stop_workers()
+    finally:
+        d.stop()
+        d.drop()
+    return {"drain_jobs_per_s": plain["jobs_per_s"], "submitted_jobs_per_s": sub["jobs_per_s"],
+            "submitted_to_drain": round(sub["jobs_per_s"] / plain["jobs_per_s"], 3),
+            "submit_s": sub["submit_s"], "turn_us_per_job": sub["turn_us_per_job"],
+            "turn_rows_per_statement": sub["turn_rows_per_statement"]}
+
+
+def run_turncost(b, i):
+    """For each of --queued (10k, 100k, 1M): a daemon that has served a short queue takes that
+    many Submit calls with no worker connected, then its workers drain them. The daemon's time in
+    turn statements (run and commit, from /metrics) per job drained, at each size, and the
+    largest over the smallest."""
+    a = b.args
+    out = {}
+    for n in a.queued:
+        d = Daemon(b, f"turncost-{n}-{i}")
+        try:
+            d.serve_metrics()
+            d.start(["noop"])
+            warm_up(b, d)
+            r = drain_submitted(b, d, n, 1, a.inflight)
+            d.stop_workers()
+        finally:
+            d.stop()
+            d.drop()
+        log(f"  turncost run {i}: {n} queued: {r}")
+        out[f"q{n}_turn_us_per_job"] = r["turn_us_per_job"]
+        out[f"q{n}_jobs_per_s"] = r["jobs_per_s"]
+        out[f"q{n}_turn_rows_per_statement"] = r["turn_rows_per_statement"]
+    costs = [out[f"q{n}_turn_us_per_job"] for n in a.queued]
+    out["largest_to_smallest"] = round(costs[-1] / costs[0], 3)
     return out
 
 
@@ -508,6 +686,12 @@ TARGETS = {
     "submit_to_worker_p50_ms": ("<=", 1.0),
     "submit_to_worker_p99_ms": ("<=", 5.0),
     "runsync_p50_ms": ("<=", 3.0),
+    # Jobs that arrive while the workers drain, or before they start, against the same run's
+    # preloaded drain; the turn's cost per job from 10k to 1M queued.
+    "single_completed_to_drain": (">=", 0.8),
+    "batch_completed_to_drain": (">=", 0.9),
+    "submitted_to_drain": (">=", 0.9),
+    "largest_to_smallest": ("<=", 1.5),
 }
 
 
@@ -649,7 +833,8 @@ def run_lab(b, i):
 
 
 SCENARIOS = {"drain": run_drain, "backlog": run_backlog, "retained": run_retained,
-             "e2e": run_e2e, "latency": run_latency, "lab": run_lab}
+             "e2e": run_e2e, "submitted": run_submitted, "turncost": run_turncost,
+             "latency": run_latency, "lab": run_lab}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -852,6 +1037,11 @@ def main():
     p.add_argument("--retained", type=int, default=5000000,
                    help="retained: finished jobs kept in the database")
     p.add_argument("--timeout", type=float, default=900, help="seconds one run may take")
+    p.add_argument("--no-drain", action="store_true",
+                   help="e2e: skip the preloaded drain run beside the floods")
+    p.add_argument("--queued", type=lambda v: [int(x) for x in v.split(",")],
+                   default=[10000, 100000, 1000000],
+                   help="turncost: queue sizes, comma-separated (default 10000,100000,1000000)")
     g = p.add_argument_group("e2e")
     g.add_argument("--clients", type=int, default=8, help="loadgen clients (channels)")
     g.add_argument("--inflight", type=int, default=64, help="Submit calls in flight per client")
