@@ -6,6 +6,7 @@
 // statistics, and check what a turn then reads.
 
 #include <cstdint>
+#include <iostream>
 #include <memory>
 #include <optional>
 #include <string>
@@ -190,6 +191,8 @@ TEST_F(PgPlansTest, ATurnReadsTheSameBuffersPerJobWhateverTheQueueHolds) {
   const double at_small = buffers_per_job(small), at_large = buffers_per_job(large);
   RecordProperty("buffers_per_job_at_2k", absl::StrCat(at_small));
   RecordProperty("buffers_per_job_at_50k", absl::StrCat(at_large));
+  std::cout << "buffers a turn read per job written: " << at_small << " with 2k queued, "
+            << at_large << " with 50k queued\n";
   EXPECT_LE(at_large, 1.5 * at_small)
       << "buffers per job: " << at_small << " with 2k queued, " << at_large << " with 50k";
 }
