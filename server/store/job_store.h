@@ -203,8 +203,9 @@ class JobStore {
   virtual absl::StatusOr<CancelOutcome> Cancel(const std::string& job_id,
                                                const std::string& reason) = 0;
 
-  // QUEUED -> EXPIRED with `error` for every QUEUED job whose dispatch deadline is before `now`.
-  // Returns the ids expired.
+  // QUEUED -> EXPIRED with `error` for every QUEUED job whose dispatch deadline is before `now`
+  // (in one transaction, at most a million a call: the rest wait for the next). Returns the ids
+  // expired.
   virtual absl::StatusOr<std::vector<std::string>> ExpireOverdue(absl::Time now,
                                                                  const std::string& error) = 0;
 

@@ -106,6 +106,10 @@ struct Statement {
 // where a statement finds its rows by id.
 #define DISPATCHD_PG_STATE_IS(prefix, cases) "CASE " prefix "state WHEN " cases " END"
 
+// `j.id` is `key`, written so that the planner can use it only to probe jobs_pkey for each value
+// of `key` (see the batch writes below).
+#define DISPATCHD_PG_KEY_IS(key) "j.id = ANY(ARRAY[" key "])"
+
 enum Col {
   kColId,
   kColType,
@@ -298,17 +302,15 @@ WHERE id = $1 AND )sql" DISPATCHD_PG_STATE_IS("", "'DISPATCHED' THEN attempt = $
                                                   "WHEN 'RUNNING' THEN attempt = $2::int4") R"sql(
   AND EXISTS (SELECT 1 FROM fence))sql"};
 
-// Batch writes find their rows one request at a time, in a LATERAL subquery that the planner
-// must run once per request with the id as a parameter (OFFSET 0, or the claim's FOR UPDATE,
-// keeps it from being merged into a join, which could read the whole table or a whole index
-// instead), and then change each row found by its tuple id. Sessions are pinned to point plans
-// (kPinPointPlans), so a primary-key probe and a TID scan are all that is left to choose from,
-// whatever the planner believes about the table's size. The change tests the row's state and
-// attempt again (DISPATCHD_PG_STATE_IS), so a row that moved on in between is left alone:
-// PostgreSQL re-tests a row changed by a concurrent transaction before it writes it, following
-// it to its newest version. A tuple id found in the statement's own snapshot cannot be reused by
-// another row while the statement runs. Only the claim locks what it finds, to skip rows that
-// other sessions hold.
+// Batch writes join their requests (parallel arrays, unnested) to jobs_active by id, each request
+// one primary-key probe, whatever the planner believes about the table's size: sessions are
+// pinned to point plans (kPinPointPlans), and the key is compared as `j.id = ANY(ARRAY[r.id])`
+// (DISPATCHD_PG_KEY_IS). A plain `j.id = r.id` would also offer the planner a walk of the whole
+// primary key, once per request, and on statistics that call the table empty it takes it; an ANY
+// over the request's own id can only be a probe. The write tests the row's state and attempt
+// (DISPATCHD_PG_STATE_IS), and PostgreSQL tests both again against a row that a concurrent
+// transaction changed, following it to its newest version, so a row that moved on in between is
+// left alone.
 //
 // The three batch writes of a dispatcher turn, as CTEs over parallel arrays (`$a`... name the
 // parameters), each after `fence` (DISPATCHD_PG_FENCE): FinishMany, MarkRunningMany and Claim
@@ -320,14 +322,13 @@ WHERE id = $1 AND )sql" DISPATCHD_PG_STATE_IS("", "'DISPATCHED' THEN attempt = $
 #define DISPATCHD_PG_FINISHES(a, b, c, d, e)                                                  \
   "f_req AS (SELECT * FROM unnest($" #a "::text[], $" #b "::int4[], $" #c "::text[], $" #d   \
   "::text[], $" #e "::text[]) AS r(id, attempt, state, result_hex, error)), "                 \
-  "f_hit AS (SELECT j.tid, r.* FROM f_req r CROSS JOIN LATERAL ("                             \
-  "SELECT ctid AS tid FROM jobs_active WHERE id = r.id OFFSET 0) j "                          \
-  "WHERE EXISTS (SELECT 1 FROM fence)), "                                                     \
-  "moved AS (DELETE FROM jobs_active j USING f_hit h WHERE j.ctid = h.tid AND "               \
-  DISPATCHD_PG_STATE_IS("j.", "'RUNNING' THEN j.attempt = h.attempt WHEN 'DISPATCHED' THEN "  \
-                              "j.attempt = h.attempt - 1")                                    \
-  " RETURNING j.*, h.state AS new_state, h.attempt AS new_attempt, h.result_hex, "            \
-  "h.error AS new_error), "                                                                   \
+  "moved AS (DELETE FROM jobs_active j USING f_req r WHERE " DISPATCHD_PG_KEY_IS("r.id")      \
+  " AND "                                                                                     \
+  DISPATCHD_PG_STATE_IS("j.", "'RUNNING' THEN j.attempt = r.attempt WHEN 'DISPATCHED' THEN "  \
+                              "j.attempt = r.attempt - 1")                                    \
+  " AND EXISTS (SELECT 1 FROM fence) "                                                        \
+  "RETURNING j.*, r.state AS new_state, r.attempt AS new_attempt, r.result_hex, "             \
+  "r.error AS new_error), "                                                                   \
   "done AS (" DISPATCHD_PG_INSERT_DONE("m.new_state", "m.new_attempt",                        \
                                        "decode(m.result_hex, 'hex')", "m.new_error")         \
   " RETURNING id)"
@@ -336,18 +337,19 @@ WHERE id = $1 AND )sql" DISPATCHD_PG_STATE_IS("", "'DISPATCHED' THEN attempt = $
 #define DISPATCHD_PG_MARKS(a, b, c)                                                           \
   "m_req AS (SELECT * FROM unnest($" #a "::text[], $" #b "::int4[], $" #c "::text[]) "        \
   "AS r(id, attempt, worker_id)), "                                                           \
-  "m_hit AS (SELECT j.tid, r.* FROM m_req r CROSS JOIN LATERAL ("                             \
-  "SELECT ctid AS tid FROM jobs_active WHERE id = r.id OFFSET 0) j "                          \
-  "WHERE EXISTS (SELECT 1 FROM fence)), "                                                     \
-  "marked AS (UPDATE jobs_active j SET state = 'RUNNING', attempt = h.attempt, "              \
-  "worker_id = h.worker_id, started_at = CASE WHEN j.state = 'DISPATCHED' THEN now() "        \
-  "ELSE j.started_at END, updated_at = now() FROM m_hit h WHERE j.ctid = h.tid AND "          \
-  DISPATCHD_PG_STATE_IS("j.", "'DISPATCHED' THEN j.attempt = h.attempt - 1 WHEN 'RUNNING' "   \
-                              "THEN j.attempt = h.attempt")                                   \
-  " RETURNING j.id)"
+  "marked AS (UPDATE jobs_active j SET state = 'RUNNING', attempt = r.attempt, "              \
+  "worker_id = r.worker_id, started_at = CASE WHEN j.state = 'DISPATCHED' THEN now() "        \
+  "ELSE j.started_at END, updated_at = now() FROM m_req r WHERE " DISPATCHD_PG_KEY_IS("r.id") \
+  " AND "                                                                                     \
+  DISPATCHD_PG_STATE_IS("j.", "'DISPATCHED' THEN j.attempt = r.attempt - 1 WHEN 'RUNNING' "   \
+                              "THEN j.attempt = r.attempt")                                   \
+  " AND EXISTS (SELECT 1 FROM fence) RETURNING j.id)"
 // Claims: ids $a, attempts $b (attempts started so far, as the caller last saw them), worker ids
-// $c. Rows locked by another session are skipped; a row whose state or attempt moved on does not
-// match. `claimed` holds the ids claimed and their payloads.
+// $c. Each row is found and locked in a LATERAL subquery, which the planner must run once per
+// request (FOR UPDATE keeps it from being merged into a join), skipping rows that other sessions
+// hold; a row whose state or attempt moved on does not match. A row this statement has locked
+// cannot move, so the update finds it by its tuple id. `claimed` holds the ids claimed and their
+// payloads.
 #define DISPATCHD_PG_CLAIMS(a, b, c)                                                          \
   "c_req AS (SELECT * FROM unnest($" #a "::text[], $" #b "::int4[], $" #c "::text[]) "        \
   "AS r(id, attempt, worker_id)), "                                                           \
@@ -401,15 +403,15 @@ constexpr Statement kDoneState{"done_state", "SELECT state FROM jobs_done WHERE 
 // are left for the next sweep. The overdue rows are read in deadline order through
 // jobs_queued_by_deadline, up to the limit, so that the plan is that index's range whatever the
 // statistics say (a whole scan of jobs_queued_by_queue would look as cheap on a small table);
-// PgJobStore::ExpireOverdue repeats it until a call comes back short.
+// PgJobStore::ExpireOverdue repeats it in one transaction until a call comes back short.
 constexpr Statement kExpireOverdue{"expire_overdue", "WITH " DISPATCHD_PG_FENCE(3) R"sql(, c AS (
-  SELECT ctid AS tid FROM jobs_active
+  SELECT id FROM jobs_active
   WHERE state = 'QUEUED' AND EXISTS (SELECT 1 FROM fence)
     AND dispatch_deadline_at < timestamptz 'epoch' + $1::int8 * interval '1 microsecond'
   ORDER BY dispatch_deadline_at LIMIT $4::int8
   FOR UPDATE SKIP LOCKED
 ), moved AS (
-  DELETE FROM jobs_active j USING c WHERE j.ctid = c.tid RETURNING j.*
+  DELETE FROM jobs_active j WHERE j.id = ANY(ARRAY(SELECT id FROM c)) RETURNING j.*
 )
 )sql" DISPATCHD_PG_INSERT_DONE("'EXPIRED'", "m.attempt", "m.result", "$2") " RETURNING id"};
 
@@ -451,6 +453,7 @@ constexpr Statement kLeaderEpoch{"leader_epoch", "SELECT epoch FROM dispatchd_le
 #undef DISPATCHD_PG_ACTIVE_STATES
 #undef DISPATCHD_PG_FENCE
 #undef DISPATCHD_PG_STATE_IS
+#undef DISPATCHD_PG_KEY_IS
 
 constexpr Statement kAllStatements[] = {
     kInsertJobs,
@@ -1578,8 +1581,10 @@ absl::StatusOr<CancelOutcome> PgJobStore::Cancel(const std::string& job_id,
 
 namespace {
 
-// Rows one expire_overdue statement moves at most (each its own transaction).
+// Rows one expire_overdue statement moves at most, and statements per ExpireOverdue call; what
+// is left waits for the next sweep.
 constexpr int64_t kExpiryBatch = 10000;
+constexpr int kExpiryBatchesPerCall = 100;
 
 }  // namespace
 
@@ -1591,15 +1596,17 @@ absl::StatusOr<std::vector<std::string>> PgJobStore::ExpireOverdue(absl::Time no
   }
   return WithConnection(*pool_, "expire overdue jobs",
                         [&](pqxx::connection& conn) -> absl::StatusOr<std::vector<std::string>> {
-                          pqxx::nontransaction txn(conn);
+                          // One transaction: every id expired is returned, or none is.
+                          pqxx::work txn(conn);
                           std::vector<std::string> expired;
-                          while (true) {
+                          for (int i = 0; i < kExpiryBatchesPerCall; ++i) {
                             std::vector<std::string> batch =
                                 Ids(txn.exec_prepared(kExpireOverdue.name, absl::ToUnixMicros(now),
                                                       error, fence_.load(), kExpiryBatch));
                             expired.insert(expired.end(), batch.begin(), batch.end());
                             if (static_cast<int64_t>(batch.size()) < kExpiryBatch) break;
                           }
+                          txn.commit();
                           return expired;
                         });
 }
