@@ -1,5 +1,6 @@
 #include "server/util/log.h"
 
+#include "absl/synchronization/mutex.h"
 #include "spdlog/sinks/stdout_sinks.h"
 
 namespace dispatchd::server {
@@ -19,12 +20,17 @@ spdlog::sink_ptr Sink() {
 std::shared_ptr<spdlog::logger> Log(absl::string_view component) {
   std::string name(component);
   if (auto existing = spdlog::get(name)) return existing;
+  // Get-or-create must be one step: spdlog::register_logger throws when another thread has
+  // registered the name since the get above, and a throw out of a gRPC handler reaches the
+  // client as UNIMPLEMENTED.
+  static absl::Mutex* mu = new absl::Mutex();
+  absl::MutexLock l(mu);
+  if (auto existing = spdlog::get(name)) return existing;
   auto logger = std::make_shared<spdlog::logger>(name, Sink());
   logger->set_level(spdlog::default_logger()->level());
   logger->flush_on(spdlog::level::info);
   spdlog::register_logger(logger);
-  // Another thread may have registered the same name first; either logger works.
-  return spdlog::get(name) ? spdlog::get(name) : logger;
+  return logger;
 }
 
 void SetLogLevel(absl::string_view level) {
