@@ -121,9 +121,12 @@ void ToProto(absl::Time t, google::protobuf::Timestamp* out) {
 }
 
 void ToProto(absl::Duration d, google::protobuf::Duration* out) {
-  int64_t nanos = absl::ToInt64Nanoseconds(d);
-  out->set_seconds(nanos / 1'000'000'000);
-  out->set_nanos(static_cast<int32_t>(nanos % 1'000'000'000));
+  // Whole seconds, then the nanoseconds left over, both truncated toward zero as the message
+  // wants: exact over the message's whole range (10000 years), where a count of nanoseconds in
+  // an int64 saturates past about 292 years.
+  const int64_t seconds = absl::ToInt64Seconds(d);
+  out->set_seconds(seconds);
+  out->set_nanos(static_cast<int32_t>(absl::ToInt64Nanoseconds(d - absl::Seconds(seconds))));
 }
 
 absl::Time FromProto(const google::protobuf::Timestamp& t) {
