@@ -24,6 +24,9 @@ PACKAGES=(
   postgresql-15
   # Python SDK
   python3 python3-grpcio python3-protobuf
+  # Fuzzing (tests/fuzz): clang, its sanitizer and libFuzzer runtimes (libclang-rt-14-dev is only
+  # a recommendation of clang-14), and llvm-symbolizer for the stacks of sanitizer reports
+  clang-14 libclang-rt-14-dev libfuzzer-14-dev llvm-14
 )
 
 say() { echo "install-deps: $*"; }
