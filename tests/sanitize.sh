@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Builds the unit and store tests with AddressSanitizer (and LeakSanitizer) and
+# UndefinedBehaviorSanitizer in a build tree of their own, and runs them: `ctest -L 'unit|store'`,
+# the store tests against the private PostgreSQL of the `pg` fixture. Fails on a failing test and
+# on any sanitizer report, including one from a child process a test starts (dispatchctl,
+# dispatch-worker) or from gtest's test listing at build time.
+#
+#   tests/sanitize.sh [--no-install] [CTEST_ARGS...]     e.g. tests/sanitize.sh -R Config
+#
+# Environment:
+#   SANITIZE_BUILD_DIR  build tree, relative to the repository root (default build-asan)
+#   JOBS                compile jobs (default: all cores)
+# g++ with -O1: the project's own compiler, and the cheapest build that keeps the stacks useful.
+# Only the test executables of tests/unit and tests/store are built (and what they run), not the
+# daemon: so systemd_units_verify, a `unit` test that only reads the unit files, is left out.
+# gRPC, protobuf, yaml-cpp and libpqxx come uninstrumented from Debian; ASan still sees what our
+# code does with their memory. Reports are written under <tree>/sanitizer-reports, then printed.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+BUILD_DIR=${SANITIZE_BUILD_DIR:-build-asan}
+JOBS=${JOBS:-$(nproc)}
+
+install=1
+ctest_args=()
+for arg in "$@"; do
+  case $arg in
+    --no-install) install=0 ;;
+    --help)
+      sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+      exit 0
+      ;;
+    *) ctest_args+=("$arg") ;;
+  esac
+done
+
+start=$SECONDS
+if ((install)); then bash deploy/install-deps.sh; fi
+
+reports=$ROOT/$BUILD_DIR/sanitizer-reports
+mkdir -p "$BUILD_DIR"
+rm -rf "$reports"
+mkdir -p "$reports"
+# Every process writes its report to a file of its own (log_path), so that a report from a child
+# process or a test that expects a non-zero exit is not lost; halt at the first one.
+common="halt_on_error=1:print_stacktrace=1:log_path=$reports/report"
+export ASAN_OPTIONS="$common:detect_leaks=1:detect_stack_use_after_return=1"
+export UBSAN_OPTIONS="$common"
+if [[ -f tests/lsan.supp ]]; then
+  export LSAN_OPTIONS="suppressions=$ROOT/tests/lsan.supp:print_suppressions=0"
+fi
+
+finish() {
+  local rc=$?
+  if compgen -G "$reports/report*" >/dev/null; then
+    echo "sanitize: sanitizer reports:" >&2
+    for f in "$reports"/report*; do
+      echo "--- $f" >&2
+      cat "$f" >&2
+    done
+    ((rc != 0)) || rc=1
+  fi
+  echo "sanitize: total $((SECONDS - start))s"
+  if ((rc == 0)); then echo "sanitize: PASSED"; else echo "sanitize: FAILED (exit $rc)" >&2; fi
+  exit "$rc"
+}
+trap finish EXIT
+
+echo "sanitize: === build ($BUILD_DIR) ==="
+flags="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
+cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DCMAKE_CXX_COMPILER=g++ -DCMAKE_CXX_FLAGS="$flags" \
+  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" \
+  -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" \
+  -DDISPATCHD_BUILD_TESTS=ON -DDISPATCHD_BUILD_BENCH=OFF >/dev/null
+ninja -C "$BUILD_DIR" -j "$JOBS" tests/unit/all tests/store/all
+build_s=$((SECONDS - start))
+echo "sanitize: build took ${build_s}s"
+
+echo "sanitize: === test ==="
+ctest --test-dir "$BUILD_DIR" -L 'unit|store' -E '^systemd_units_verify$' --output-on-failure \
+  --no-tests=error -j2 "${ctest_args[@]}"
+echo "sanitize: tests took $((SECONDS - start - build_s))s"
