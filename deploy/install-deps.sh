@@ -18,6 +18,8 @@ PACKAGES=(
   libcpp-httplib-dev libsystemd-dev
   # Tests and benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev
+  # TLS and token digests (libssl-dev); test certificates (openssl)
+  libssl-dev openssl
   # systemd-analyze, to verify the units in deploy/
   systemd
   # Database server (embedded mode and the test fixture)

@@ -100,27 +100,32 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(absl::string_view addres
   if (options.default_deadline <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("default_deadline: must be positive");
   }
+  absl::StatusOr<Credentials> credentials = LoadCredentials(options.security);
+  if (!credentials.ok()) return credentials.status();
   std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
-      *target, grpc::InsecureChannelCredentials(), DaemonChannelArguments());
-  return FromChannel(std::move(channel), options);
+      *target, credentials->channel, DaemonChannelArguments());
+  return FromChannel(std::move(channel), std::move(options), std::move(credentials->token));
 }
 
 std::unique_ptr<Client> Client::FromChannel(std::shared_ptr<grpc::Channel> channel,
-                                            ClientOptions options) {
-  return std::unique_ptr<Client>(new Client(std::move(channel), options));
+                                            ClientOptions options, std::string token) {
+  return std::unique_ptr<Client>(new Client(std::move(channel), std::move(options),
+                                            std::move(token)));
 }
 
-Client::Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options)
-    : options_(options),
+Client::Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options, std::string token)
+    : options_(std::move(options)),
+      token_(std::move(token)),
       channel_(std::move(channel)),
       jobs_(v1::JobService::NewStub(channel_)),
       admin_(v1::AdminService::NewStub(channel_)),
       health_(grpc::health::v1::Health::NewStub(channel_)) {}
 
-void Client::SetDeadline(grpc::ClientContext& context, absl::Duration timeout) {
+void Client::Prepare(grpc::ClientContext& context, absl::Duration timeout) const {
   if (timeout > kMaxDeadline) timeout = kMaxDeadline;
   if (timeout < absl::ZeroDuration()) timeout = absl::ZeroDuration();
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  if (!token_.empty()) context.AddMetadata("authorization", absl::StrCat("Bearer ", token_));
 }
 
 absl::StatusOr<v1::SubmitResponse> Client::Submit(const v1::JobSpec& spec) {
@@ -167,7 +172,7 @@ absl::Status Client::Watch(absl::string_view job_id,
                            const std::function<void(const v1::Job&)>& on_event,
                            absl::Duration wait) {
   grpc::ClientContext context;
-  SetDeadline(context, wait);
+  Prepare(context, wait);
   v1::WatchRequest request;
   request.set_job_id(std::string(job_id));
   std::unique_ptr<grpc::ClientReader<v1::WatchEvent>> reader = jobs_->Watch(&context, request);

@@ -23,6 +23,7 @@
 #include "absl/time/time.h"
 #include <grpcpp/grpcpp.h>
 
+#include "client/cpp/credentials.h"
 #include "dispatchd/v1/admin_service.grpc.pb.h"
 #include "dispatchd/v1/job_service.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -34,6 +35,8 @@ namespace v1 = ::dispatchd::v1;
 struct ClientOptions {
   // Deadline of each unary call (Submit, Status, Cancel, Stats, ListWorkers, SetRateLimit).
   absl::Duration default_deadline = absl::Seconds(10);
+  // TLS and the bearer token (see Security); none by default.
+  Security security;
 };
 
 // Type URL of the absl::Status payload that carries `retry-after-ms` (the value is the decimal
@@ -64,16 +67,18 @@ grpc::ChannelArguments DaemonChannelArguments();
 
 class Client {
  public:
-  // Opens an insecure channel to `address` (host:port), or to a comma-separated list of numeric
-  // IPv4 host:port of daemons sharing one database (any of them serves clients: calls go to the
-  // first that answers). The connection is made lazily by the first call; a daemon that cannot
-  // be reached shows up as UNAVAILABLE or DEADLINE_EXCEEDED there. INVALID_ARGUMENT if `address`
-  // is empty or a malformed list, or a deadline in `options` is not positive.
+  // Opens a channel, with the TLS and token of `options.security`, to `address` (host:port) or
+  // to a comma-separated list of numeric IPv4 host:port of daemons sharing one database (any of
+  // them serves clients: calls go to the first that answers). The connection is made lazily by
+  // the first call; a daemon that cannot be reached shows up as UNAVAILABLE or DEADLINE_EXCEEDED
+  // there. INVALID_ARGUMENT if `address` is empty or a malformed list, a deadline in `options` is
+  // not positive, or a file that `options.security` names cannot be read.
   static absl::StatusOr<std::unique_ptr<Client>> Connect(absl::string_view address,
                                                          ClientOptions options = {});
-  // As Connect, on an existing channel (tests, custom credentials).
+  // As Connect, on an existing channel (tests, custom credentials); each call carries `token`
+  // (none if empty).
   static std::unique_ptr<Client> FromChannel(std::shared_ptr<grpc::Channel> channel,
-                                             ClientOptions options = {});
+                                             ClientOptions options = {}, std::string token = "");
 
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
@@ -116,17 +121,17 @@ class Client {
       absl::string_view service = "");
 
  private:
-  Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options);
-  // A context whose deadline is now + `timeout`.
-  static void SetDeadline(grpc::ClientContext& context, absl::Duration timeout);
+  Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options, std::string token);
+  // Prepares `context` for a call: the deadline now + `timeout`, and the token.
+  void Prepare(grpc::ClientContext& context, absl::Duration timeout) const;
   // One unary call of `stub` with a deadline `timeout` from now: its response, or its status
   // (FromGrpcStatus, so a refusal keeps its retry-after).
   template <typename Stub, typename Request, typename Response>
-  static absl::StatusOr<Response> Unary(
+  absl::StatusOr<Response> Unary(
       grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&, Response*), Stub& stub,
-      const Request& request, absl::Duration timeout) {
+      const Request& request, absl::Duration timeout) const {
     grpc::ClientContext context;
-    SetDeadline(context, timeout);
+    Prepare(context, timeout);
     Response response;
     grpc::Status status = (stub.*method)(&context, request, &response);
     if (!status.ok()) return FromGrpcStatus(status, &context);
@@ -134,6 +139,7 @@ class Client {
   }
 
   const ClientOptions options_;
+  const std::string token_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::JobService::Stub> jobs_;
   std::unique_ptr<v1::AdminService::Stub> admin_;

@@ -40,6 +40,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/cpp/latency_mix.h"
+#include "client/cpp/security_flags.h"
 #include "client/cpp/worker.h"
 
 extern char** environ;
@@ -375,6 +376,8 @@ int Main(int argc, char** argv) {
 
   app.add_option("--server", server, "Daemon address host:port, or several comma-separated (a standby sends the worker to the leader) (env DISPATCHD_SERVER)")
       ->capture_default_str();
+  Security security;
+  AddSecurityFlags(app, &security);
   app.add_option("--id", id, "Worker id, unique in the fleet (default hostname:pid)");
   app.add_option("--types", types_flag, "Job types served, comma-separated")->required();
   app.add_option("--slots", slots, "Slots advertised to the daemon")
@@ -448,6 +451,7 @@ int Main(int argc, char** argv) {
 
   WorkerOptions options;
   options.server = server;
+  options.security = security;
   options.worker_id = id;
   for (absl::string_view t : absl::StrSplit(types_flag, ',', absl::SkipWhitespace())) {
     options.types.emplace_back(absl::StripAsciiWhitespace(t));

@@ -24,6 +24,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -36,6 +37,7 @@
 #include <unistd.h>
 
 #include "client/cpp/dispatch_client.h"
+#include "client/cpp/security_flags.h"
 
 namespace dispatchd::client {
 namespace {
@@ -535,17 +537,17 @@ constexpr char kBashCompletion[] = R"(# bash completion for dispatchctl
 _dispatchctl() {
   local cur=${COMP_WORDS[COMP_CWORD]} prev=${COMP_WORDS[COMP_CWORD-1]}
   local commands="submit run status cancel watch workers stats top drain reload health set-rate-limit completion"
-  local globals="--server --json --timeout --help"
+  local globals="--server --json --timeout --tls-ca --tls-cert --tls-key --token-file --help"
   local i sub=""
   for ((i = 1; i < COMP_CWORD; i++)); do
     case ${COMP_WORDS[i]} in
-      --server|--timeout) ((i++)) ;;
+      --server|--timeout|--tls-ca|--tls-cert|--tls-key|--token-file) ((i++)) ;;
       -*) ;;
       *) sub=${COMP_WORDS[i]}; break ;;
     esac
   done
   case $prev in
-    --server|--timeout|--payload|--type|--resource|--fairness-key|--idempotency-key|    --max-attempts|--job-timeout|--dispatch-deadline|--not-before|--label|--rpm|--rps|--burst|    --interval|--iterations) return 0 ;;
+    --server|--timeout|--tls-ca|--tls-cert|--tls-key|--token-file|--payload|--type|--resource|--fairness-key|--idempotency-key|    --max-attempts|--job-timeout|--dispatch-deadline|--not-before|--label|--rpm|--rps|--burst|    --interval|--iterations) return 0 ;;
     --payload-file) COMPREPLY=($(compgen -f -- "$cur")); return 0 ;;
   esac
   if [[ -z $sub ]]; then
@@ -762,6 +764,8 @@ int Main(int argc, char** argv) {
   std::string timeout_flag;
   app.add_option("--server", server, "Daemon address host:port, or several numeric ones comma-separated (daemons sharing a database) (env DISPATCHD_SERVER)")
       ->capture_default_str();
+  Security security;
+  AddSecurityFlags(app, &security);
   app.add_flag("--json", json, "Print JSON (one object per line for watch)");
   app.add_option("--timeout", timeout_flag,
                  "Per-RPC deadline (default 10s); for run and watch the wait limit (default 24h)");
@@ -878,8 +882,13 @@ int Main(int argc, char** argv) {
   }
   ClientOptions options;
   options.default_deadline = waits ? absl::Seconds(10) : timeout;
+  options.security = security;
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(server, options);
-  if (!client.ok()) return Usage(absl::StrCat("--server: ", client.status().message()));
+  if (!client.ok()) {
+    const absl::string_view message = client.status().message();
+    return Usage(absl::StartsWith(message, "--") ? std::string(message)
+                                                 : absl::StrCat("--server: ", message));
+  }
 
   if (submit->parsed()) return CmdSubmit(**client, submit_flags, json);
   if (run->parsed()) return CmdRun(**client, run_flags, json, timeout);

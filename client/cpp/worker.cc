@@ -336,6 +336,12 @@ absl::Status Worker::Run() {
   int failures = 0;
   size_t next_server = 0;
   std::string target = servers_[0];
+  absl::StatusOr<Credentials> credentials = LoadCredentials(options_.security);
+  if (!credentials.ok()) {
+    log->error("credentials worker={}: {}", options_.worker_id,
+               std::string(credentials.status().message()));
+    return credentials.status();
+  }
   auto stop = [this]()
                   ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return shutdown_ || DrainDoneLocked(); };
   while (true) {
@@ -344,7 +350,13 @@ absl::Status Worker::Run() {
       if (stop()) break;
     }
     std::string redirect_to;
-    const SessionEnd end = RunSession(target, &redirect_to);
+    absl::Status refusal;
+    const SessionEnd end = RunSession(target, *credentials, &redirect_to, &refusal);
+    if (end == SessionEnd::kRefused) {
+      log->error("refused worker={} server={}: {}", options_.worker_id, target,
+                 std::string(refusal.message()));
+      return refusal;
+    }
     if (end == SessionEnd::kRedirected && !redirect_to.empty() && redirect_to != target) {
       // A standby named the leader: go there at once (a later failure starts the list again).
       log->info("redirected worker={} from={} to leader={}", options_.worker_id, target,
@@ -382,12 +394,14 @@ absl::Status Worker::Run() {
   return absl::OkStatus();
 }
 
-Worker::SessionEnd Worker::RunSession(const std::string& target, std::string* redirect_to) {
+Worker::SessionEnd Worker::RunSession(const std::string& target, const Credentials& credentials,
+                                      std::string* redirect_to, absl::Status* refusal) {
   std::shared_ptr<spdlog::logger> log = Log();
   auto s = std::make_shared<Session>();
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);
-  s->channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  s->channel = grpc::CreateCustomChannel(target, credentials.channel, args);
+  credentials.Apply(s->context);
   s->stub = v1::WorkerService::NewStub(s->channel);
 
   v1::WorkerMessage hello_message;
@@ -511,7 +525,14 @@ Worker::SessionEnd Worker::RunSession(const std::string& target, std::string* re
               static_cast<int>(status.error_code()), status.error_message());
   }
   if (welcomed) return SessionEnd::kWelcomed;
-  return redirected ? SessionEnd::kRedirected : SessionEnd::kFailed;
+  if (redirected) return SessionEnd::kRedirected;
+  if (status.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
+      status.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
+    *refusal = absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                            status.error_message());
+    return SessionEnd::kRefused;
+  }
+  return SessionEnd::kFailed;
 }
 
 void Worker::HandleWelcome(const std::shared_ptr<Session>& session, const v1::Welcome& welcome) {

@@ -32,6 +32,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
+#include "client/cpp/credentials.h"
 #include "dispatchd/v1/worker_service.grpc.pb.h"
 
 namespace dispatchd::client {
@@ -53,6 +54,8 @@ struct WorkerOptions {
   int max_concurrent = 0;
   // Placement labels.
   std::map<std::string, std::string> labels;
+  // TLS and the bearer token (see Security); none by default.
+  Security security;
   // Models loaded at start (see Worker::SetModelsResident to change them later).
   std::vector<std::string> models_resident;
   // GPUs on this host, reported in Hello and heartbeats. The daemon places a model on this
@@ -175,11 +178,13 @@ class Worker {
   Worker(WorkerOptions options, Handler handler);
 
   // How a connection attempt ended.
-  enum class SessionEnd { kFailed, kWelcomed, kRedirected };
+  enum class SessionEnd { kFailed, kWelcomed, kRedirected, kRefused };
   // One connection attempt to `target`: Hello, Welcome, then messages until the stream ends. On
-  // kRedirected, `*redirect_to` is the leader's address (empty if the standby knew none).
-  SessionEnd RunSession(const std::string& target, std::string* redirect_to)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // kRedirected, `*redirect_to` is the leader's address (empty if the standby knew none). On
+  // kRefused (the daemon does not know these credentials, or they may not serve these types:
+  // trying again cannot help), `*refusal` says why.
+  SessionEnd RunSession(const std::string& target, const Credentials& credentials,
+                        std::string* redirect_to, absl::Status* refusal) ABSL_LOCKS_EXCLUDED(mu_);
   void HandleWelcome(const std::shared_ptr<Session>& session, const v1::Welcome& welcome)
       ABSL_LOCKS_EXCLUDED(mu_);
   void HandleAssign(const std::shared_ptr<Session>& session, const v1::Assign& assign)

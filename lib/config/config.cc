@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 
 namespace dispatchd::config {
 namespace {
@@ -35,7 +36,70 @@ bool ValidTypeName(absl::string_view name) {
   return true;
 }
 
+absl::Status ValidateSecurity(const Config& c) {
+  const TlsConfig& tls = c.tls;
+  if (tls.cert_file.empty() != tls.key_file.empty()) {
+    return Bad(tls.cert_file.empty() ? "tls.cert_file" : "tls.key_file",
+               "tls.cert_file and tls.key_file go together");
+  }
+  if (!tls.enabled() && (!tls.client_ca_file.empty() || tls.client_auth != ClientAuth::kNone)) {
+    return Bad("tls.cert_file", "mutual TLS (tls.client_ca_file, tls.client_auth) needs it");
+  }
+  if (tls.client_auth != ClientAuth::kNone && tls.client_ca_file.empty()) {
+    return Bad("tls.client_ca_file", "required when tls.client_auth is request or require");
+  }
+  if (tls.refresh_interval < absl::Seconds(1)) {
+    return Bad("tls.refresh_interval", "must be at least 1s");
+  }
+  absl::flat_hash_set<absl::string_view> names;
+  for (size_t i = 0; i < c.auth.certificates.size(); ++i) {
+    const CertificatePrincipal& cert = c.auth.certificates[i];
+    const std::string key = absl::StrCat("auth.certificates[", i, "]");
+    if (cert.name.empty()) return Bad(absl::StrCat(key, ".name"), "must not be empty");
+    if (!names.insert(cert.name).second) {
+      return Bad(absl::StrCat(key, ".name"), absl::StrCat("duplicate name \"", cert.name, "\""));
+    }
+    if (cert.principal.empty()) return Bad(absl::StrCat(key, ".principal"), "must not be empty");
+    if (!cert.types.empty() && cert.role != auth::Role::kWorker) {
+      return Bad(absl::StrCat(key, ".types"), "only a worker may be limited to types");
+    }
+  }
+  if (!c.auth.certificates.empty() && tls.client_auth == ClientAuth::kNone) {
+    return Bad("auth.certificates", "needs tls.client_auth request or require");
+  }
+  if (c.auth.enabled() && !tls.enabled() && !IsLoopbackAddress(c.listen)) {
+    // Tokens would cross the network in clear, and gRPC's local credentials, which carry them
+    // on loopback, admit loopback peers only.
+    return Bad("auth", absl::StrCat("without tls.cert_file, authentication works on a loopback "
+                                    "listen address only, not \"", c.listen, "\""));
+  }
+  if (c.insecure) return absl::OkStatus();
+  // With neither TLS nor a way to tell callers apart, anyone who can reach the port is an admin:
+  // only the machine itself may reach it, unless the operator says so in so many words.
+  const bool identified = c.auth.enabled();
+  if (!IsLoopbackAddress(c.listen) && !(tls.enabled() && identified)) {
+    return Bad("listen", absl::StrCat("\"", c.listen,
+                                      "\" is not a loopback address: serving it needs tls.cert_file "
+                                      "and auth (auth.tokens_file or auth.certificates), or "
+                                      "insecure: true to serve it without them"));
+  }
+  if (!c.metrics.listen.empty() && !IsLoopbackAddress(c.metrics.listen)) {
+    return Bad("metrics.listen",
+               absl::StrCat("\"", c.metrics.listen,
+                            "\" is not a loopback address and the metrics endpoint has no TLS: "
+                            "keep it on loopback (behind a proxy that adds TLS), or set "
+                            "insecure: true"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+bool IsLoopbackAddress(absl::string_view host_port) {
+  absl::string_view host = host_port.substr(0, host_port.rfind(':'));
+  if (absl::ConsumePrefix(&host, "[")) absl::ConsumeSuffix(&host, "]");
+  return host == "localhost" || host == "::1" || absl::StartsWith(host, "127.");
+}
 
 absl::Status Config::Validate() const {
   if (!ValidListen(listen)) return Bad("listen", absl::StrCat("want host:port, got \"", listen, "\""));
@@ -119,6 +183,7 @@ absl::Status Config::Validate() const {
     return Bad("ha.advertise_address",
                absl::StrCat("want host:port, got \"", ha.advertise_address, "\""));
   }
+  if (absl::Status s = ValidateSecurity(*this); !s.ok()) return s;
   absl::flat_hash_set<absl::string_view> tier_names;
   for (size_t i = 0; i < tiers.size(); ++i) {
     std::string key = absl::StrCat("tiers[", i, "]");
@@ -285,6 +350,12 @@ Config MergeReload(const Config& running, const Config& loaded,
   differs("ha.lease", running.ha.lease, loaded.ha.lease);
   differs("ha.advertise_address", running.ha.advertise_address, loaded.ha.advertise_address);
   differs("metrics.listen", running.metrics.listen, loaded.metrics.listen);
+  differs("tls.cert_file", running.tls.cert_file, loaded.tls.cert_file);
+  differs("tls.key_file", running.tls.key_file, loaded.tls.key_file);
+  differs("tls.client_ca_file", running.tls.client_ca_file, loaded.tls.client_ca_file);
+  differs("tls.client_auth", running.tls.client_auth, loaded.tls.client_auth);
+  differs("tls.refresh_interval", running.tls.refresh_interval, loaded.tls.refresh_interval);
+  differs("insecure", running.insecure, loaded.insecure);
 
   Config merged = running;
   merged.types = loaded.types;
@@ -294,6 +365,7 @@ Config MergeReload(const Config& running, const Config& loaded,
   merged.scheduler.key_ttl = loaded.scheduler.key_ttl;
   merged.max_active = loaded.max_active;
   merged.log_level = loaded.log_level;
+  merged.auth = loaded.auth;
   return merged;
 }
 

@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "lib/auth/principal.h"
 
 namespace dispatchd::config {
 
@@ -135,6 +136,50 @@ struct MetricsConfig {
   std::string listen = "127.0.0.1:9464";
 };
 
+// `tls:` in the YAML file: TLS on the gRPC listener.
+enum class ClientAuth {
+  kNone,     // no client certificate is asked for
+  kRequest,  // a client may present one; if it does, it must verify against client_ca_file
+  kRequire,  // every connection must present a certificate that verifies
+};
+struct TlsConfig {
+  // PEM files of the server's certificate chain and its private key; both or neither. With them
+  // the gRPC listener speaks TLS only. The files are read again every `refresh_interval` and on
+  // reload, so a certificate rotates without a restart: new connections get the new one, and
+  // streams already open keep theirs.
+  std::string cert_file;
+  std::string key_file;
+  // PEM file of the CA certificates that sign client certificates (mutual TLS).
+  std::string client_ca_file;
+  ClientAuth client_auth = ClientAuth::kNone;
+  absl::Duration refresh_interval = absl::Minutes(1);
+
+  bool enabled() const { return !cert_file.empty(); }
+};
+
+// One entry of `auth.certificates`: a verified client certificate whose common name or one of
+// whose subject alternative names equals `name` is the principal `principal`.
+struct CertificatePrincipal {
+  std::string name;
+  std::string principal;
+  auth::Role role = auth::Role::kClient;
+  // For a worker: the job types it may serve; empty: every type.
+  std::vector<std::string> types;
+
+  bool operator==(const CertificatePrincipal&) const = default;
+};
+
+// `auth:` in the YAML file: who the callers are. With neither a tokens file nor certificate
+// principals, every caller is the unnamed local admin (auth::Principal::Local()).
+struct AuthConfig {
+  // File of hashed bearer tokens (see auth::TokenTable), read at start and on reload. It must
+  // not be readable or writable by other users.
+  std::string tokens_file;
+  std::vector<CertificatePrincipal> certificates;
+
+  bool enabled() const { return !tokens_file.empty() || !certificates.empty(); }
+};
+
 // The daemon's whole configuration. Defaults sit in the member initializers; Validate() says
 // which key is wrong.
 struct Config {
@@ -165,6 +210,11 @@ struct Config {
   OverflowHookConfig overflow_hook;
   HaConfig ha;
   MetricsConfig metrics;
+  TlsConfig tls;
+  AuthConfig auth;
+  // Serve a non-loopback `listen` without TLS and authentication, or `metrics.listen` (which has
+  // no TLS) on a non-loopback address. Off: the daemon refuses to start that way.
+  bool insecure = false;
   std::vector<TierConfig> tiers;
   std::vector<JobTypeConfig> types;
 
@@ -180,8 +230,12 @@ struct Config {
   std::vector<std::string> Warnings() const;
 };
 
+// True if `host_port` names a loopback address: 127.0.0.0/8, [::1] or localhost.
+bool IsLoopbackAddress(absl::string_view host_port);
+
 // What a reload may change while the daemon runs: `types`, `tiers`, `scheduler.policy`,
-// `scheduler.cost_alpha`, `scheduler.key_ttl`, `max_active` and `log_level`. The result is
+// `scheduler.cost_alpha`, `scheduler.key_ttl`, `max_active`, `log_level` and `auth` (the
+// tokens file is read again even when its name is unchanged). The result is
 // `running` with those taken from `loaded`; every other key keeps its running value, and the
 // keys whose value differs in `loaded` are appended to `*restart_only` (e.g. "listen",
 // "postgres.url") so that the caller can say they wait for a restart.

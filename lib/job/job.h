@@ -55,6 +55,9 @@ struct Job {
   // within a queue follows it.
   int64_t seq = 0;
   JobSpec spec;
+  // The principal that submitted it; empty when the daemon has no authentication. Only it (and
+  // an admin) may read, watch or cancel the job, and its idempotency keys are its own.
+  std::string owner;
   JobState state = JobState::kQueued;
   int32_t attempt = 0;  // attempts started (accepted by a worker)
   std::string worker_id;

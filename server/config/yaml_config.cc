@@ -64,6 +64,22 @@ double Number(const YAML::Node& node, const std::string& key) {
   return v;
 }
 
+bool Bool(const YAML::Node& node, const std::string& key) {
+  std::string s = Scalar(node, key);
+  if (s == "true") return true;
+  if (s == "false") return false;
+  Fail(node, key, absl::StrCat("want true or false, got \"", s, "\""));
+}
+
+std::vector<std::string> StringList(const YAML::Node& node, const std::string& key) {
+  if (!node.IsSequence()) Fail(node, key, "want a list of strings");
+  std::vector<std::string> out;
+  for (size_t i = 0; i < node.size(); ++i) {
+    out.push_back(Scalar(node[i], absl::StrCat(key, "[", i, "]")));
+  }
+  return out;
+}
+
 absl::Duration Duration(const YAML::Node& node, const std::string& key) {
   std::string s = Scalar(node, key);
   absl::Duration d;
@@ -91,6 +107,9 @@ constexpr absl::string_view kTopKeys[] = {"listen",
                                           "overflow_hook",
                                           "ha",
                                           "metrics",
+                                          "tls",
+                                          "auth",
+                                          "insecure",
                                           "tiers",
                                           "types"};
 constexpr absl::string_view kPostgresKeys[] = {"url", "pool_size", "embedded_user", "bin_dir",
@@ -99,6 +118,10 @@ constexpr absl::string_view kSchedulerKeys[] = {"policy", "cost_alpha", "key_ttl
 constexpr absl::string_view kOverflowHookKeys[] = {"command", "interval", "timeout"};
 constexpr absl::string_view kHaKeys[] = {"lease", "advertise_address"};
 constexpr absl::string_view kMetricsKeys[] = {"listen"};
+constexpr absl::string_view kTlsKeys[] = {"cert_file", "key_file", "client_ca_file", "client_auth",
+                                          "refresh_interval"};
+constexpr absl::string_view kAuthKeys[] = {"tokens_file", "certificates"};
+constexpr absl::string_view kCertificateKeys[] = {"name", "principal", "role", "types"};
 constexpr absl::string_view kMemoryThrottleKeys[] = {"ram_percent", "ram_resume_percent",
                                                      "gpu_percent", "gpu_resume_percent"};
 constexpr absl::string_view kTierKeys[] = {"name", "value"};
@@ -215,6 +238,68 @@ config::JobTypeConfig ParseType(const YAML::Node& node, const std::string& path)
   return t;
 }
 
+config::TlsConfig ParseTls(const YAML::Node& node, const std::string& path) {
+  config::TlsConfig tls;
+  ForEachKey(node, path, kTlsKeys,
+             [&](const std::string& key, const std::string& full, const YAML::Node& v) {
+               if (key == "cert_file") tls.cert_file = String(v, full);
+               if (key == "key_file") tls.key_file = String(v, full);
+               if (key == "client_ca_file") tls.client_ca_file = String(v, full);
+               if (key == "refresh_interval") tls.refresh_interval = Duration(v, full);
+               if (key == "client_auth") {
+                 std::string s = String(v, full);
+                 if (s == "none") {
+                   tls.client_auth = config::ClientAuth::kNone;
+                 } else if (s == "request") {
+                   tls.client_auth = config::ClientAuth::kRequest;
+                 } else if (s == "require") {
+                   tls.client_auth = config::ClientAuth::kRequire;
+                 } else {
+                   Fail(v, full, absl::StrCat("want none, request or require, got \"", s, "\""));
+                 }
+               }
+             });
+  return tls;
+}
+
+config::CertificatePrincipal ParseCertificate(const YAML::Node& node, const std::string& path) {
+  config::CertificatePrincipal cert;
+  bool has_role = false;
+  ForEachKey(node, path, kCertificateKeys,
+             [&](const std::string& key, const std::string& full, const YAML::Node& v) {
+               if (key == "name") cert.name = String(v, full);
+               if (key == "principal") cert.principal = String(v, full);
+               if (key == "types") cert.types = StringList(v, full);
+               if (key == "role") {
+                 absl::StatusOr<auth::Role> role = auth::ParseRole(String(v, full));
+                 if (!role.ok()) Fail(v, full, std::string(role.status().message()));
+                 cert.role = *role;
+                 has_role = true;
+               }
+             });
+  if (cert.name.empty()) Fail(node, path + ".name", "required");
+  // No default: a certificate's role is what it may do, so it must be chosen.
+  if (!has_role) Fail(node, path + ".role", "required");
+  if (cert.principal.empty()) cert.principal = cert.name;
+  return cert;
+}
+
+config::AuthConfig ParseAuth(const YAML::Node& node, const std::string& path) {
+  config::AuthConfig auth;
+  ForEachKey(node, path, kAuthKeys,
+             [&](const std::string& key, const std::string& full, const YAML::Node& v) {
+               if (key == "tokens_file") auth.tokens_file = String(v, full);
+               if (key == "certificates") {
+                 if (!v.IsSequence()) Fail(v, full, "want a list of {name, principal, role}");
+                 for (size_t i = 0; i < v.size(); ++i) {
+                   auth.certificates.push_back(
+                       ParseCertificate(v[i], absl::StrCat(full, "[", i, "]")));
+                 }
+               }
+             });
+  return auth;
+}
+
 config::Config ParseRoot(const YAML::Node& root) {
   config::Config c;
   if (root.IsNull()) return c;
@@ -270,6 +355,9 @@ config::Config ParseRoot(const YAML::Node& root) {
                               if (k == "listen") c.metrics.listen = String(mv, f);
                             });
                }
+               if (key == "tls") c.tls = ParseTls(v, full);
+               if (key == "auth") c.auth = ParseAuth(v, full);
+               if (key == "insecure") c.insecure = Bool(v, full);
                if (key == "memory_throttle") {
                  config::MemoryThrottleConfig& m = c.memory_throttle;
                  ForEachKey(v, full, kMemoryThrottleKeys,
@@ -381,6 +469,9 @@ std::vector<std::string> KnownConfigKeys() {
       {"overflow_hook", kOverflowHookKeys},
       {"ha", kHaKeys},
       {"metrics", kMetricsKeys},
+      {"tls", kTlsKeys},
+      {"auth", kAuthKeys},
+      {"auth.certificates[]", kCertificateKeys},
       {"tiers[]", kTierKeys},
       {"types[]", kTypeKeys}};
   for (const auto& [section, names] : sections) {

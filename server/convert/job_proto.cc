@@ -94,6 +94,7 @@ void ToProto(const job::Job& job, v1::Job* out) {
   out->set_result(job.result);
   out->set_error(job.error);
   out->set_fairness_key(job.spec.fairness_key);
+  out->set_owner(job.owner);
   ToProto(job.created_at, out->mutable_created_at());
   ToProto(job.dispatched_at, out->mutable_dispatched_at());
   ToProto(job.started_at, out->mutable_started_at());

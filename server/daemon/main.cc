@@ -32,6 +32,7 @@
 #include "server/dispatch/job_events.h"
 #include "server/embedded/embedded_postgres.h"
 #include "server/ha/leadership.h"
+#include "server/auth/grpc_auth.h"
 #include "server/metrics/daemon_metrics.h"
 #include "server/metrics/http_server.h"
 #include "server/rpc/admin_service.h"
@@ -157,8 +158,12 @@ void AddMetricsCollectors(const config::LiveConfig& live, const ha::Leadership& 
 class Reloader {
  public:
   Reloader(std::string path, config::LiveConfig& live, sched::AdmissionGate& admission,
-           ha::Leadership& leadership)
-      : path_(std::move(path)), live_(live), admission_(admission), leadership_(leadership) {}
+           ha::Leadership& leadership, auth::Gate& gate)
+      : path_(std::move(path)),
+        live_(live),
+        admission_(admission),
+        leadership_(leadership),
+        gate_(gate) {}
 
   absl::StatusOr<v1::ReloadResponse> Reload(absl::string_view trigger) ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock l(&mu_);
@@ -178,6 +183,23 @@ class Reloader {
     out.set_path(path_);
     std::vector<std::string> restart_only;
     config::Config merged = config::MergeReload(*live_.Get(), *loaded, &restart_only);
+    // The principals come from the tokens file as well as the config: both load, or neither.
+    std::shared_ptr<const auth::Identities> identities;
+    if (gate_.enabled()) {
+      absl::StatusOr<std::shared_ptr<const auth::Identities>> ids =
+          auth::Identities::Load(merged.auth);
+      if (!ids.ok()) {
+        log->error("reload refused, the running config stays in force: {}",
+                   ids.status().message());
+        server::NotifySystemd("READY=1\nSTATUS=serving; the last reload was refused (see the log)");
+        return absl::FailedPreconditionError(absl::StrCat(
+            "reload refused, the running config stays in force: ", ids.status().message()));
+      }
+      identities = *std::move(ids);
+    } else if (merged.auth.enabled()) {
+      restart_only.push_back("auth");
+      merged.auth = live_.Get()->auth;
+    }
     for (const std::string& key : restart_only) {
       log->warn("reload: {} differs in the file; it keeps its running value until a restart", key);
       out.add_restart_only(key);
@@ -185,6 +207,12 @@ class Reloader {
     server::SetLogLevel(merged.log_level);
     admission_.UpdateConfig(merged);
     leadership_.UpdateConfig(merged);
+    if (identities != nullptr) {
+      log->info("reload: {} token(s) of {} principal(s), {} certificate name(s)",
+                identities->tokens.size(), identities->tokens.principals(),
+                identities->certificates.size());
+      gate_.Set(std::move(identities));
+    }
     out.set_types(static_cast<int32_t>(merged.types.size()));
     out.set_tiers(static_cast<int32_t>(merged.tiers.size()));
     live_.Set(std::move(merged));
@@ -205,6 +233,7 @@ class Reloader {
   config::LiveConfig& live_;
   sched::AdmissionGate& admission_;
   ha::Leadership& leadership_;
+  auth::Gate& gate_;
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
 };
@@ -250,6 +279,23 @@ int Run(int argc, char** argv) {
               t.max_attempts, absl::FormatDuration(t.timeout));
   }
 
+  // Who calls: resolved and checked once per call, at its method, by the gate.
+  std::shared_ptr<const auth::Identities> identities;
+  if (config.auth.enabled()) {
+    absl::StatusOr<std::shared_ptr<const auth::Identities>> ids =
+        auth::Identities::Load(config.auth);
+    if (!ids.ok()) {
+      log->error("{}", ids.status().message());
+      return kExitConfig;
+    }
+    log->info("auth: {} token(s) of {} principal(s), {} certificate name(s)",
+              (*ids)->tokens.size(), (*ids)->tokens.principals(), (*ids)->certificates.size());
+    identities = *std::move(ids);
+  }
+  if (config.insecure) {
+    log->warn("insecure: true: the daemon may serve {} without TLS or authentication",
+              config.listen);
+  }
   // Block the stop signals in every thread; this one waits for them below.
   sigset_t signals;
   sigemptyset(&signals);
@@ -303,10 +349,12 @@ int Run(int argc, char** argv) {
                             **store, clock, events, admission);
   store::GroupInserter inserter(**store, store::GroupInserter::Options{});
   store::RetentionKeeper retention(**store);
-  rpc::JobServiceImpl job_service(live, **store, inserter, leadership, events, executor, clock);
-  rpc::WorkerServiceImpl worker_service(leadership);
-  Reloader reloader(config_path, live, admission, leadership);
-  rpc::AdminServiceImpl admin_service(live, **store, leadership, executor, [&reloader] {
+  auth::Gate gate(std::move(identities));
+  rpc::JobServiceImpl job_service(live, gate, **store, inserter, leadership, events, executor,
+                                  clock);
+  rpc::WorkerServiceImpl worker_service(gate, leadership);
+  Reloader reloader(config_path, live, admission, leadership, gate);
+  rpc::AdminServiceImpl admin_service(live, gate, **store, leadership, executor, [&reloader] {
     return reloader.Reload("AdminService.Reload");
   });
 
@@ -314,7 +362,7 @@ int Run(int argc, char** argv) {
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int bound_port = 0;
-  builder.AddListeningPort(config.listen, grpc::InsecureServerCredentials(), &bound_port);
+  builder.AddListeningPort(config.listen, auth::ServerCredentials(config), &bound_port);
   // Room for the largest payload (clients) and for results up to the worker SDK's 4 MiB limit.
   builder.SetMaxReceiveMessageSize(
       static_cast<int>(std::max<int64_t>(config.max_payload_bytes, 4 << 20)) + (1 << 20));
@@ -335,8 +383,12 @@ int Run(int argc, char** argv) {
     server->Shutdown(std::chrono::system_clock::now());
     return kExitFailure;
   }
-  log->info("serving address={} daemon={} role={}", address, daemon_id,
-            leadership.leader().is_leader ? "leader" : "standby");
+  log->info("serving address={} daemon={} role={} tls={} auth={}", address, daemon_id,
+            leadership.leader().is_leader ? "leader" : "standby",
+            !config.tls.enabled()                                  ? "off"
+            : config.tls.client_auth == config::ClientAuth::kRequire ? "mutual"
+                                                                   : "on",
+            gate.enabled() ? "on" : "off");
   std::unique_ptr<metrics::HttpServer> metrics_server;
   if (!config.metrics.listen.empty()) {
     AddMetricsCollectors(live, leadership);

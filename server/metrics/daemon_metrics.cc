@@ -47,7 +47,12 @@ DaemonMetrics::DaemonMetrics()
                                       "Models a connected worker has loaded since it connected.",
                                       {"worker"})),
       leader(registry.AddGauge("dispatchd_leader",
-                               "1 while this daemon leads (schedules), 0 on a standby.")) {}
+                               "1 while this daemon leads (schedules), 0 on a standby.")),
+      auth_refusals(registry.AddCounter(
+          "dispatchd_auth_refusals_total",
+          "Calls refused before their handler ran, by reason: no_credentials, bad_token, "
+          "unknown_certificate, malformed (UNAUTHENTICATED) or role (PERMISSION_DENIED).",
+          {"reason"})) {}
 
 DaemonMetrics& Metrics() {
   static DaemonMetrics* m = new DaemonMetrics();

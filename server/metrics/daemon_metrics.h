@@ -32,6 +32,8 @@ struct DaemonMetrics {
   Family<Gauge>& slots;          // {state}: busy or free
   Family<Counter>& model_loads;  // {worker}: models loaded since it connected
   Family<Gauge>& leader;         // 1 while this daemon leads
+  // Calls refused by authentication or authorization, by reason
+  Family<Counter>& auth_refusals;
 };
 
 // The process-wide instance.

@@ -13,11 +13,21 @@
 
 #include "lib/sched/scheduler.h"
 #include "server/util/grpc_status.h"
+#include "server/util/log.h"
 
 namespace dispatchd::rpc {
 namespace {
 
 std::string Reason(sched::WaitReason r) { return std::string(sched::ToString(r)); }
+
+// One structured line per admin action, naming who did it (`local` with no authentication).
+template <typename... Args>
+void Audit(const auth::Principal& caller, const char* action, fmt::format_string<Args...> what,
+           Args&&... args) {
+  server::Log("audit")->info("action={} principal={} {}", action,
+                             caller.authenticated ? caller.name : "local",
+                             fmt::format(what, std::forward<Args>(args)...));
+}
 
 // The scheduler's part of a StatsResponse: tiers, models, keys (capped) and each type's head
 // wait reason.
@@ -106,10 +116,20 @@ grpc::Status NotLeader(const ha::LeaderInfo& leader) {
 
 }  // namespace
 
+std::optional<auth::Principal> AdminServiceImpl::Authorize(
+    grpc::CallbackServerContext* ctx, auth::Method method,
+    grpc::ServerUnaryReactor* reactor) const {
+  absl::StatusOr<auth::Principal> caller = gate_.Authorize(*ctx, method);
+  if (caller.ok()) return *std::move(caller);
+  reactor->Finish(server::ToGrpcStatus(caller.status()));
+  return std::nullopt;
+}
+
 grpc::ServerUnaryReactor* AdminServiceImpl::Stats(grpc::CallbackServerContext* ctx,
                                                   const v1::StatsRequest*,
                                                   v1::StatsResponse* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  if (!Authorize(ctx, auth::Method::kStats, reactor)) return reactor;
   executor_.Schedule([this, resp, reactor] {
     absl::StatusOr<std::vector<store::TypeStateCount>> counts = store_.CountByTypeAndState();
     if (!counts.ok()) {
@@ -169,6 +189,7 @@ grpc::ServerUnaryReactor* AdminServiceImpl::ListWorkers(grpc::CallbackServerCont
                                                         const v1::ListWorkersRequest*,
                                                         v1::ListWorkersResponse* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  if (!Authorize(ctx, auth::Method::kListWorkers, reactor)) return reactor;
   executor_.Schedule([this, resp, reactor] {
     std::shared_ptr<dispatch::Dispatcher> d = leadership_.dispatcher();
     if (d == nullptr) {
@@ -185,17 +206,20 @@ grpc::ServerUnaryReactor* AdminServiceImpl::DrainWorker(grpc::CallbackServerCont
                                                         const v1::DrainWorkerRequest* req,
                                                         v1::DrainWorkerResponse* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  std::optional<auth::Principal> caller = Authorize(ctx, auth::Method::kDrainWorker, reactor);
+  if (!caller) return reactor;
   if (req->worker_id().empty()) {
     reactor->Finish(
         grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "worker_id: required (see ListWorkers)"));
     return reactor;
   }
-  executor_.Schedule([this, req, resp, reactor] {
+  executor_.Schedule([this, req, resp, reactor, caller = *std::move(caller)] {
     std::shared_ptr<dispatch::Dispatcher> d = leadership_.dispatcher();
     if (d == nullptr) {
       reactor->Finish(NotLeader(leadership_.leader()));
       return;
     }
+    Audit(caller, "drain_worker", "worker={}", req->worker_id());
     std::optional<v1::WorkerInfo> worker = d->DrainWorker(req->worker_id());
     if (!worker.has_value()) {
       reactor->Finish(grpc::Status(
@@ -213,12 +237,15 @@ grpc::ServerUnaryReactor* AdminServiceImpl::Reload(grpc::CallbackServerContext* 
                                                    const v1::ReloadRequest* /*req*/,
                                                    v1::ReloadResponse* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  std::optional<auth::Principal> caller = Authorize(ctx, auth::Method::kReload, reactor);
+  if (!caller) return reactor;
   if (!reload_) {
     reactor->Finish(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                                  "reload: this daemon has no config file"));
     return reactor;
   }
-  executor_.Schedule([this, resp, reactor] {
+  executor_.Schedule([this, resp, reactor, caller = *std::move(caller)] {
+    Audit(caller, "reload", "via=AdminService.Reload");
     absl::StatusOr<v1::ReloadResponse> done = reload_();
     if (!done.ok()) {
       reactor->Finish(server::ToGrpcStatus(done.status()));
@@ -234,17 +261,21 @@ grpc::ServerUnaryReactor* AdminServiceImpl::SetRateLimit(grpc::CallbackServerCon
                                                          const v1::SetRateLimitRequest* req,
                                                          v1::SetRateLimitResponse* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  std::optional<auth::Principal> caller = Authorize(ctx, auth::Method::kSetRateLimit, reactor);
+  if (!caller) return reactor;
   absl::StatusOr<config::RateLimit> limit = ParseRateLimit(*req);
   if (!limit.ok()) {
     reactor->Finish(server::ToGrpcStatus(limit.status()));
     return reactor;
   }
-  executor_.Schedule([this, req, resp, reactor, limit = *limit] {
+  executor_.Schedule([this, req, resp, reactor, limit = *limit, caller = *std::move(caller)] {
     std::shared_ptr<dispatch::Dispatcher> d = leadership_.dispatcher();
     if (d == nullptr) {
       reactor->Finish(NotLeader(leadership_.leader()));
       return;
     }
+    Audit(caller, "set_rate_limit", "model={} rate_per_second={} burst={}", req->model(),
+          limit.per_second, limit.burst);
     if (!d->SetRateLimit(req->model(), limit)) {
       std::set<std::string> configured;  // sorted, for the message
       const std::shared_ptr<const config::Config> config = config_.Get();

@@ -1,12 +1,14 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <utility>
 
 #include "absl/status/statusor.h"
 #include "dispatchd/v1/admin_service.grpc.pb.h"
 #include "lib/config/config.h"
 #include "lib/config/live_config.h"
+#include "server/auth/grpc_auth.h"
 #include "server/ha/leadership.h"
 #include "server/store/job_store.h"
 #include "server/util/executor.h"
@@ -14,16 +16,20 @@
 namespace dispatchd::rpc {
 
 // AdminService: what the daemon is doing now. Workers and the scheduler live on the leader: a
-// standby answers ListWorkers and SetRateLimit UNAVAILABLE, naming the leader. Thread-safe.
+// standby answers ListWorkers and SetRateLimit UNAVAILABLE, naming the leader. Admins only; each
+// action that changes something (reload, drain, rate limit) leaves an audit line in the log.
+// Thread-safe.
 class AdminServiceImpl final : public v1::AdminService::CallbackService {
  public:
   // Re-reads the config file and applies it (the daemon's SIGHUP path); an error status when
   // the file is refused. Blocking; called on the executor.
   using Reloader = std::function<absl::StatusOr<v1::ReloadResponse>()>;
 
-  AdminServiceImpl(const config::LiveConfig& config, store::JobStore& store,
-                   ha::Leadership& leadership, server::Executor& executor, Reloader reload)
+  AdminServiceImpl(const config::LiveConfig& config, const auth::Gate& gate,
+                   store::JobStore& store, ha::Leadership& leadership, server::Executor& executor,
+                   Reloader reload)
       : config_(config),
+        gate_(gate),
         store_(store),
         leadership_(leadership),
         executor_(executor),
@@ -47,7 +53,12 @@ class AdminServiceImpl final : public v1::AdminService::CallbackService {
   static constexpr size_t kMaxStatsKeys = 100;
 
  private:
+  // The caller, if it may call `method`; else finishes `reactor` with the refusal.
+  std::optional<auth::Principal> Authorize(grpc::CallbackServerContext* ctx, auth::Method method,
+                                           grpc::ServerUnaryReactor* reactor) const;
+
   const config::LiveConfig& config_;
+  const auth::Gate& gate_;
   store::JobStore& store_;
   ha::Leadership& leadership_;
   server::Executor& executor_;

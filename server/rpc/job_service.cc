@@ -55,14 +55,23 @@ absl::Status CheckJobId(const std::string& id, absl::string_view field) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<job::Job> GetAs(store::JobStore& store, const auth::Principal& caller,
+                               const std::string& id) {
+  absl::StatusOr<job::Job> job = store.Get(id);
+  if (job.ok() && !auth::MaySee(caller, job->owner)) {
+    return absl::NotFoundError(absl::StrCat("job ", id, " not found"));
+  }
+  return job;
+}
+
 std::string RetryAfterMillis(absl::Duration retry_after) {
   const int64_t ms = absl::ToInt64Milliseconds(absl::Ceil(retry_after, absl::Milliseconds(1)));
   return absl::StrCat(std::max<int64_t>(0, ms));
 }
 
 absl::StatusOr<std::vector<job::Job>> JobServiceImpl::Admit(
-    absl::Span<const v1::JobSpec* const> specs, const std::string& peer,
-    absl::string_view field_prefix, absl::Duration* retry_after) {
+    absl::Span<const v1::JobSpec* const> specs, const auth::Principal& caller,
+    const std::string& peer, absl::string_view field_prefix, absl::Duration* retry_after) {
   std::vector<job::Job> jobs;
   jobs.reserve(specs.size());
   const absl::Time now = clock_.TimeNow();
@@ -72,6 +81,7 @@ absl::StatusOr<std::vector<job::Job>> JobServiceImpl::Admit(
         field_prefix.empty() ? "" : absl::StrCat(field_prefix, "[", i, "].");
     absl::StatusOr<job::JobSpec> spec = convert::FromProto(*specs[i]);
     if (spec.ok()) {
+      spec->fairness_key = auth::FairnessKeyFor(caller, spec->fairness_key);
       if (spec->fairness_key.empty()) spec->fairness_key = PeerIdentity(peer);
       spec = sched::ResolveSpec(*config, *std::move(spec));
     }
@@ -82,7 +92,8 @@ absl::StatusOr<std::vector<job::Job>> JobServiceImpl::Admit(
       if (!prefix.empty()) absl::ConsumePrefix(&message, "spec.");
       return absl::Status(spec.status().code(), absl::StrCat(prefix, message));
     }
-    jobs.push_back(job::Job{.id = NewJobId(now), .spec = *std::move(spec), .created_at = now});
+    jobs.push_back(job::Job{
+        .id = NewJobId(now), .spec = *std::move(spec), .owner = caller.name, .created_at = now});
   }
   // Reserve room for every job before anything is written; all or none. From here on each
   // reservation is settled exactly once, by Settle.
@@ -153,11 +164,18 @@ void JobServiceImpl::Settle(std::vector<job::Job>& jobs,
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::Queue(grpc::CallbackServerContext* ctx,
+                                                auth::Method method,
                                                 absl::Span<const v1::JobSpec* const> specs,
                                                 absl::string_view field_prefix, Answer answer) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  absl::StatusOr<auth::Principal> caller = gate_.Authorize(*ctx, method);
+  if (!caller.ok()) {
+    reactor->Finish(server::ToGrpcStatus(caller.status()));
+    return reactor;
+  }
   absl::Duration retry_after = absl::ZeroDuration();
-  absl::StatusOr<std::vector<job::Job>> jobs = Admit(specs, ctx->peer(), field_prefix, &retry_after);
+  absl::StatusOr<std::vector<job::Job>> jobs =
+      Admit(specs, *caller, ctx->peer(), field_prefix, &retry_after);
   if (!jobs.ok()) {
     if (absl::IsResourceExhausted(jobs.status())) {
       ctx->AddTrailingMetadata(kRetryAfterTrailer, RetryAfterMillis(retry_after));
@@ -177,7 +195,7 @@ grpc::ServerUnaryReactor* JobServiceImpl::Submit(grpc::CallbackServerContext* ct
                                                  const v1::SubmitRequest* req,
                                                  v1::SubmitResponse* resp) {
   const v1::JobSpec* spec = &req->spec();
-  return Queue(ctx, absl::MakeConstSpan(&spec, 1), "",
+  return Queue(ctx, auth::Method::kSubmit, absl::MakeConstSpan(&spec, 1), "",
                [resp](const std::vector<store::InsertOutcome>& outcomes) {
                  resp->set_job_id(outcomes[0].job_id);
                  resp->set_deduplicated(outcomes[0].deduplicated);
@@ -187,6 +205,12 @@ grpc::ServerUnaryReactor* JobServiceImpl::Submit(grpc::CallbackServerContext* ct
 grpc::ServerUnaryReactor* JobServiceImpl::SubmitBatch(grpc::CallbackServerContext* ctx,
                                                       const v1::SubmitBatchRequest* req,
                                                       v1::SubmitBatchResponse* resp) {
+  // Queue authorizes too; a caller that may not submit learns nothing of the batch's shape.
+  if (absl::Status s = gate_.Authorize(*ctx, auth::Method::kSubmitBatch).status(); !s.ok()) {
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    reactor->Finish(server::ToGrpcStatus(s));
+    return reactor;
+  }
   if (req->specs_size() < 1 || req->specs_size() > kMaxBatchSpecs) {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     reactor->Finish(grpc::Status(
@@ -194,7 +218,8 @@ grpc::ServerUnaryReactor* JobServiceImpl::SubmitBatch(grpc::CallbackServerContex
         absl::StrCat("specs: between 1 and ", kMaxBatchSpecs, " jobs, got ", req->specs_size())));
     return reactor;
   }
-  return Queue(ctx, absl::MakeConstSpan(req->specs().data(), req->specs_size()), "specs",
+  return Queue(ctx, auth::Method::kSubmitBatch,
+               absl::MakeConstSpan(req->specs().data(), req->specs_size()), "specs",
                [resp](const std::vector<store::InsertOutcome>& outcomes) {
                  for (const store::InsertOutcome& o : outcomes) {
                    v1::SubmitResponse* r = resp->add_results();
@@ -212,9 +237,11 @@ class RunSyncReactor final : public grpc::ServerUnaryReactor {
  public:
   RunSyncReactor(JobServiceImpl& service, store::JobStore& store, dispatch::JobEvents& events,
                  server::Executor& executor, grpc::CallbackServerContext* ctx,
-                 const v1::RunSyncRequest* req, v1::RunSyncResponse* resp)
+                 auth::Principal caller, const v1::RunSyncRequest* req, v1::RunSyncResponse* resp)
       : store_(store), events_(events), executor_(executor), ctx_(ctx), resp_(resp) {
-    Run([this, &service, req, peer = ctx->peer()] { Begin(service, *req, peer); });
+    Run([this, &service, req, caller = std::move(caller), peer = ctx->peer()] {
+      Begin(service, *req, caller, peer);
+    });
   }
 
   void OnCancel() override {
@@ -251,11 +278,12 @@ class RunSyncReactor final : public grpc::ServerUnaryReactor {
   // Runs once, from the constructor (before OnDone can run, so it always runs): Admit and
   // Enqueue settle the admission reservation whatever happens to the call afterwards. The insert
   // completes on the inserter's thread; it counts as in flight until then.
-  void Begin(JobServiceImpl& service, const v1::RunSyncRequest& req, const std::string& peer) {
+  void Begin(JobServiceImpl& service, const v1::RunSyncRequest& req,
+             const auth::Principal& caller, const std::string& peer) {
     absl::Duration retry_after = absl::ZeroDuration();
     const v1::JobSpec* spec = &req.spec();
     absl::StatusOr<std::vector<job::Job>> jobs =
-        service.Admit(absl::MakeConstSpan(&spec, 1), peer, "", &retry_after);
+        service.Admit(absl::MakeConstSpan(&spec, 1), caller, peer, "", &retry_after);
     if (!jobs.ok()) {
       absl::MutexLock l(&mu_);
       // Trailers must be added before Finish; OnCancel may have finished the call already.
@@ -339,17 +367,28 @@ class RunSyncReactor final : public grpc::ServerUnaryReactor {
 grpc::ServerUnaryReactor* JobServiceImpl::RunSync(grpc::CallbackServerContext* ctx,
                                                   const v1::RunSyncRequest* req,
                                                   v1::RunSyncResponse* resp) {
-  return new RunSyncReactor(*this, store_, events_, executor_, ctx, req, resp);
+  absl::StatusOr<auth::Principal> caller = gate_.Authorize(*ctx, auth::Method::kRunSync);
+  if (!caller.ok()) {
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    reactor->Finish(server::ToGrpcStatus(caller.status()));
+    return reactor;
+  }
+  return new RunSyncReactor(*this, store_, events_, executor_, ctx, *std::move(caller), req, resp);
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::Status(grpc::CallbackServerContext* ctx,
                                                  const v1::StatusRequest* req,
                                                  v1::StatusResponse* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  executor_.Schedule([this, req, resp, reactor] {
+  absl::StatusOr<auth::Principal> caller = gate_.Authorize(*ctx, auth::Method::kStatus);
+  if (!caller.ok()) {
+    reactor->Finish(server::ToGrpcStatus(caller.status()));
+    return reactor;
+  }
+  executor_.Schedule([this, req, resp, reactor, caller = *std::move(caller)] {
     absl::Status status = CheckJobId(req->job_id(), "job_id");
     if (status.ok()) {
-      absl::StatusOr<job::Job> job = store_.Get(req->job_id());
+      absl::StatusOr<job::Job> job = GetAs(store_, caller, req->job_id());
       if (job.ok()) {
         convert::ToProto(*job, resp->mutable_job());
         if (job->state == JobState::kQueued) AddWaitInfo(*job, resp->mutable_job());
@@ -385,11 +424,29 @@ grpc::ServerUnaryReactor* JobServiceImpl::Cancel(grpc::CallbackServerContext* ct
                                                  const v1::CancelRequest* req,
                                                  v1::CancelResponse* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  executor_.Schedule([this, req, resp, reactor] {
+  absl::StatusOr<auth::Principal> caller = gate_.Authorize(*ctx, auth::Method::kCancel);
+  if (!caller.ok()) {
+    reactor->Finish(server::ToGrpcStatus(caller.status()));
+    return reactor;
+  }
+  executor_.Schedule([this, req, resp, reactor, caller = *std::move(caller)] {
     absl::Status status = CheckJobId(req->job_id(), "job_id");
+    // Only an admin may cancel another's job; an owner never changes, so reading it first is
+    // enough.
+    if (status.ok() && caller.role != auth::Role::kAdmin) {
+      status = GetAs(store_, caller, req->job_id()).status();
+    }
     if (status.ok()) {
-      absl::StatusOr<store::CancelOutcome> outcome =
-          store_.Cancel(req->job_id(), "cancelled by client");
+      absl::StatusOr<store::CancelOutcome> outcome = store_.Cancel(
+          req->job_id(), caller.authenticated
+                             ? absl::StrCat("cancelled by ", ToString(caller.role), " ",
+                                            caller.name)
+                             : std::string("cancelled by client"));
+      if (outcome.ok() && caller.authenticated && outcome->job.owner != caller.name) {
+        server::Log("audit")->info("action=cancel principal={} role={} job={} owner={}",
+                                   caller.name, ToString(caller.role), outcome->job.id,
+                                   outcome->job.owner);
+      }
       if (outcome.ok()) {
         dispatch::LogFinished(outcome->job.id, JobState::kCancelled, outcome->job.attempt);
         if (std::shared_ptr<dispatch::Dispatcher> d = leadership_.dispatcher()) {
@@ -418,8 +475,13 @@ namespace {
 class WatchReactor final : public grpc::ServerWriteReactor<v1::WatchEvent> {
  public:
   WatchReactor(store::JobStore& store, dispatch::JobEvents& events, server::Executor& executor,
-               std::string job_id)
+               absl::StatusOr<auth::Principal> caller, std::string job_id)
       : store_(store), events_(events), executor_(executor), job_id_(std::move(job_id)) {
+    if (!caller.ok()) {
+      Finish(server::ToGrpcStatus(caller.status()));
+      return;
+    }
+    caller_ = *std::move(caller);
     if (absl::Status s = CheckJobId(job_id_, "job_id"); !s.ok()) {
       Finish(server::ToGrpcStatus(s));
       return;
@@ -462,7 +524,7 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::WatchEvent> {
       ++in_flight_;
     }
     executor_.Schedule([this] {
-      absl::StatusOr<job::Job> job = store_.Get(job_id_);
+      absl::StatusOr<job::Job> job = GetAs(store_, caller_, job_id_);
       absl::MutexLock l(&mu_);
       --in_flight_;
       if (finished_) return;
@@ -503,6 +565,7 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::WatchEvent> {
   store::JobStore& store_;
   dispatch::JobEvents& events_;
   server::Executor& executor_;
+  auth::Principal caller_;  // set once, before any refresh
   const std::string job_id_;
   uint64_t token_ = 0;
 
@@ -519,9 +582,10 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::WatchEvent> {
 
 }  // namespace
 
-grpc::ServerWriteReactor<v1::WatchEvent>* JobServiceImpl::Watch(grpc::CallbackServerContext*,
+grpc::ServerWriteReactor<v1::WatchEvent>* JobServiceImpl::Watch(grpc::CallbackServerContext* ctx,
                                                                const v1::WatchRequest* req) {
-  return new WatchReactor(store_, events_, executor_, req->job_id());
+  return new WatchReactor(store_, events_, executor_, gate_.Authorize(*ctx, auth::Method::kWatch),
+                          req->job_id());
 }
 
 }  // namespace dispatchd::rpc

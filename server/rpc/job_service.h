@@ -8,9 +8,11 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "dispatchd/v1/job_service.grpc.pb.h"
+#include "lib/auth/principal.h"
 #include "lib/config/config.h"
 #include "lib/config/live_config.h"
 #include "lib/util/clock.h"
+#include "server/auth/grpc_auth.h"
 #include "server/dispatch/dispatcher.h"
 #include "server/dispatch/job_events.h"
 #include "server/ha/leadership.h"
@@ -20,18 +22,21 @@
 
 namespace dispatchd::rpc {
 
-// JobService over the gRPC callback API. Each method validates the request (naming the field in
-// any error), converts it, calls the store and the dispatcher, and maps the status back. Every
+// JobService over the gRPC callback API. Each method asks the gate who calls and whether it may,
+// validates the request (naming the field in any error), converts it, calls the store and the
+// dispatcher, and maps the status back. A caller sees only its own jobs (an admin sees all);
+// another's job is NOT_FOUND. Every
 // daemon serves it: a standby writes the row and tells the leader through the database
 // (JobStore::NotifyChanged), and its RunSync and Watch calls learn of changes by polling. Store
 // calls run on `executor` or, for inserts, on the group inserter's threads, never on gRPC's
 // callback threads. Thread-safe.
 class JobServiceImpl final : public v1::JobService::CallbackService {
  public:
-  JobServiceImpl(const config::LiveConfig& config, store::JobStore& store,
+  JobServiceImpl(const config::LiveConfig& config, const auth::Gate& gate, store::JobStore& store,
                  store::GroupInserter& inserter, ha::Leadership& leadership,
                  dispatch::JobEvents& events, server::Executor& executor, Clock& clock)
       : config_(config),
+        gate_(gate),
         store_(store),
         inserter_(inserter),
         leadership_(leadership),
@@ -60,7 +65,10 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
   // Admit validates and resolves `specs` (an error names the field, prefixed with
   // `field_prefix[i].` for a batch) and reserves admission for all of them, or for none:
   // RESOURCE_EXHAUSTED naming the limit, with the hint in `retry_after`. Nothing is written.
+  // The jobs belong to `caller`, and queue under the fairness key it may choose (see
+  // auth::FairnessKeyFor); with no key, under its address `peer`.
   absl::StatusOr<std::vector<job::Job>> Admit(absl::Span<const v1::JobSpec* const> specs,
+                                              const auth::Principal& caller,
                                               const std::string& peer,
                                               absl::string_view field_prefix,
                                               absl::Duration* retry_after);
@@ -81,7 +89,7 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
   // Submit and SubmitBatch: admits `specs`, enqueues them and finishes the call; `answer` fills
   // the response from the outcomes once they are committed.
   using Answer = absl::AnyInvocable<void(const std::vector<store::InsertOutcome>&) &&>;
-  grpc::ServerUnaryReactor* Queue(grpc::CallbackServerContext* ctx,
+  grpc::ServerUnaryReactor* Queue(grpc::CallbackServerContext* ctx, auth::Method method,
                                   absl::Span<const v1::JobSpec* const> specs,
                                   absl::string_view field_prefix, Answer answer);
   // Settles the admission reservations of `jobs` after their insert; see Enqueue.
@@ -89,6 +97,7 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
               const absl::StatusOr<std::vector<store::InsertOutcome>>& outcomes, bool notified);
 
   const config::LiveConfig& config_;  // types as of the last reload
+  const auth::Gate& gate_;
   store::JobStore& store_;
   store::GroupInserter& inserter_;
   ha::Leadership& leadership_;
@@ -100,6 +109,11 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
 // Fairness key for a caller with no key of its own: its address without the port, so that one
 // client's connections share a key ("ipv4:127.0.0.1:53210" -> "ipv4:127.0.0.1").
 std::string PeerIdentity(const std::string& peer);
+
+// The job `id` as `caller` may see it: NOT_FOUND, as for a job that does not exist, when it
+// belongs to another principal.
+absl::StatusOr<job::Job> GetAs(store::JobStore& store, const auth::Principal& caller,
+                               const std::string& id);
 
 // Validates a job id from the wire; InvalidArgument naming `field`.
 absl::Status CheckJobId(const std::string& id, absl::string_view field);

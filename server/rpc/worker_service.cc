@@ -39,8 +39,14 @@ class StreamLink final : public dispatch::WorkerLink {
 
 class WorkerStream final : public grpc::ServerBidiReactor<v1::WorkerMessage, v1::DaemonMessage> {
  public:
-  WorkerStream(ha::Leadership& leadership, std::string peer)
+  WorkerStream(ha::Leadership& leadership, std::string peer,
+               absl::StatusOr<auth::Principal> caller)
       : leadership_(leadership), link_(std::make_shared<StreamLink>(this, std::move(peer))) {
+    if (!caller.ok()) {
+      Close(caller.status());
+      return;
+    }
+    caller_ = *std::move(caller);
     StartRead(&in_);
   }
 
@@ -54,6 +60,15 @@ class WorkerStream final : public grpc::ServerBidiReactor<v1::WorkerMessage, v1:
       absl::Status s = in_.has_hello() ? CheckHello(in_.hello())
                                        : absl::InvalidArgumentError("hello: the first message of "
                                                                     "a worker stream must be a Hello");
+      if (s.ok()) {
+        s = auth::MayServe(caller_, {in_.hello().types().begin(), in_.hello().types().end()});
+      }
+      // A worker principal names its workers under its own name, so that it cannot pass for
+      // another principal's worker and report on that worker's jobs.
+      if (s.ok() && caller_.authenticated && caller_.role == auth::Role::kWorker) {
+        in_.mutable_hello()->set_worker_id(
+            absl::StrCat(caller_.name, "/", in_.hello().worker_id()));
+      }
       if (!s.ok()) {
         server::Log("grpc")->warn("worker refused peer={} error=\"{}\"", link_->peer(), s.message());
         Close(s);
@@ -150,6 +165,7 @@ class WorkerStream final : public grpc::ServerBidiReactor<v1::WorkerMessage, v1:
   ha::Leadership& leadership_;
   std::shared_ptr<dispatch::Dispatcher> dispatcher_;  // the term this stream said Hello to
   std::shared_ptr<StreamLink> link_;
+  auth::Principal caller_;  // set before the first read
   v1::WorkerMessage in_;  // touched only by the read chain
   bool said_hello_ = false;
 
@@ -191,7 +207,8 @@ absl::Status CheckHello(const v1::Hello& hello) {
 
 grpc::ServerBidiReactor<v1::WorkerMessage, v1::DaemonMessage>* WorkerServiceImpl::Connect(
     grpc::CallbackServerContext* ctx) {
-  return new WorkerStream(leadership_, ctx->peer());
+  return new WorkerStream(leadership_, ctx->peer(),
+                          gate_.Authorize(*ctx, auth::Method::kConnect));
 }
 
 }  // namespace dispatchd::rpc

@@ -1,21 +1,25 @@
 #pragma once
 
 #include "dispatchd/v1/worker_service.grpc.pb.h"
+#include "server/auth/grpc_auth.h"
 #include "server/dispatch/dispatcher.h"
 #include "server/ha/leadership.h"
 
 namespace dispatchd::rpc {
 
 // WorkerService: one bidirectional stream per worker process, handed to the dispatcher as a
-// WorkerLink once its Hello checks out. No thread is held per stream. Thread-safe.
+// WorkerLink once its Hello checks out: the caller is a worker (or admin) principal and may serve
+// every type it names. No thread is held per stream. Thread-safe.
 class WorkerServiceImpl final : public v1::WorkerService::CallbackService {
  public:
-  explicit WorkerServiceImpl(ha::Leadership& leadership) : leadership_(leadership) {}
+  WorkerServiceImpl(const auth::Gate& gate, ha::Leadership& leadership)
+      : gate_(gate), leadership_(leadership) {}
 
   grpc::ServerBidiReactor<v1::WorkerMessage, v1::DaemonMessage>* Connect(
       grpc::CallbackServerContext* ctx) override;
 
  private:
+  const auth::Gate& gate_;
   ha::Leadership& leadership_;
 };
 

@@ -217,6 +217,35 @@ DROP INDEX jobs_active_by_arrival;
 CREATE INDEX jobs_placed_by_arrival ON jobs_active (seq) WHERE state IN ('DISPATCHED', 'RUNNING');
 )sql";
 
+// Version 7: jobs have owners.
+//
+// - `owner` is the principal that submitted the job ('' when the daemon has no authentication,
+//   as for every row written before this version). Adding a column with a constant default
+//   rewrites nothing.
+// - Idempotency keys are scoped to the owner: the unique index that serializes inserts, and the
+//   index that finds ended holders, lead with it. A daemon of an earlier version cannot run on
+//   this schema (its inserts name the old unique index): stop them all before the upgrade.
+constexpr char kMigration7Owner[] = R"sql(
+ALTER TABLE jobs_active ADD COLUMN owner text NOT NULL DEFAULT '';
+ALTER TABLE jobs_done ADD COLUMN owner text NOT NULL DEFAULT '';
+DROP INDEX jobs_idempotency;
+CREATE UNIQUE INDEX jobs_idempotency ON jobs_active (owner, fairness_key, idempotency_key)
+  WHERE idempotency_key <> '';
+DROP INDEX jobs_done_by_idempotency_key;
+CREATE INDEX jobs_done_by_idempotency_key
+  ON jobs_done (owner, fairness_key, idempotency_key, finished_at) WHERE idempotency_key <> '';
+CREATE OR REPLACE VIEW jobs AS
+  SELECT seq, id, type, payload, resource_id, fairness_key, idempotency_key, labels, state,
+         attempt, max_attempts, timeout_ms, dispatch_deadline_at, not_before, worker_id, result,
+         error, created_at, dispatched_at, started_at, finished_at, updated_at, owner
+  FROM jobs_active
+  UNION ALL
+  SELECT seq, id, type, payload, resource_id, fairness_key, idempotency_key, labels, state,
+         attempt, max_attempts, timeout_ms, dispatch_deadline_at, not_before, worker_id, result,
+         error, created_at, dispatched_at, started_at, finished_at, updated_at, owner
+  FROM jobs_done;
+)sql";
+
 constexpr Migration kMigrations[] = {
     {1, "jobs table", kMigration1Jobs},
     {2, "idempotency window", kMigration2IdempotencyWindow},
@@ -224,6 +253,7 @@ constexpr Migration kMigrations[] = {
     {4, "queued jobs by queue", kMigration4QueuedByQueue},
     {5, "ended jobs apart, partitioned by finish time", kMigration5JobsDone},
     {6, "an index of placed jobs instead of two of every job", kMigration6PlacedByArrival},
+    {7, "job owners, and idempotency keys scoped to them", kMigration7Owner},
 };
 
 }  // namespace

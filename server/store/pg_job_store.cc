@@ -6,6 +6,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -161,6 +162,7 @@ absl::StatusOr<job::Job> RowToJob(const pqxx::row& r) {
   job.started_at = TimeFromField(r[kColStartedUs]);
   job.finished_at = TimeFromField(r[kColFinishedUs]);
   job.updated_at = TimeFromField(r[kColUpdatedUs]);
+  job.owner = TextFromField(r[kColOwner]);
   job.seq = r[kColSeq].as<int64_t>();
   return job;
 }
@@ -566,7 +568,7 @@ namespace {
 // kInsertJobs' parameters for `jobs`, in order.
 struct InsertColumns {
   std::vector<std::string> ids, types, payloads_hex, resource_ids, fairness_keys, idempotency_keys,
-      label_keys, label_values;
+      label_keys, label_values, owners;
   std::vector<int32_t> max_attempts;
   std::vector<int64_t> timeouts_ms;
   std::vector<std::optional<int64_t>> deadlines_us, not_befores_us;
@@ -575,6 +577,7 @@ struct InsertColumns {
     for (const job::Job* job : jobs) {
       const job::JobSpec& spec = job->spec;
       ids.push_back(job->id);
+      owners.push_back(job->owner);
       types.push_back(spec.type);
       payloads_hex.push_back(absl::BytesToHexString(spec.payload));
       resource_ids.push_back(spec.resource_id);
@@ -609,7 +612,7 @@ absl::flat_hash_map<std::string, int64_t> ExecInsert(pqxx::transaction_base& txn
       TextArrayLiteral(c.label_keys), TextArrayLiteral(c.label_values),
       IntArrayLiteral(c.max_attempts), IntArrayLiteral(c.timeouts_ms),
       OptionalIntArrayLiteral(c.deadlines_us), OptionalIntArrayLiteral(c.not_befores_us),
-      notify_leader);
+      notify_leader, TextArrayLiteral(c.owners));
   absl::flat_hash_map<std::string, int64_t> inserted;
   for (const pqxx::row& row : rows) inserted[TextFromField(row[0])] = row[1].as<int64_t>();
   return inserted;
@@ -658,21 +661,26 @@ absl::StatusOr<std::vector<InsertOutcome>> PgJobStore::InsertMany(
         const int64_t window_us = absl::ToInt64Microseconds(idempotency_window_);
         absl::flat_hash_map<const job::Job*, size_t> index;
         for (size_t i = 0; i < jobs.size(); ++i) index[&jobs[i]] = i;
-        using Key = std::pair<std::string, std::string>;
+        // (owner, fairness key, idempotency key): the scope of a key.
+        using Key = std::tuple<std::string, std::string, std::string>;
+        auto key_of = [](const job::Job* job) {
+          return Key(job->owner, job->spec.fairness_key, job->spec.idempotency_key);
+        };
         // The holders of the keys of `of`, by key (`statement`: kSelectHolders or
         // kSelectDoneHolders).
         auto holders_of = [&](const std::vector<const job::Job*>& of, const Statement& statement) {
-          std::vector<std::string> fairness_keys, idempotency_keys;
+          std::vector<std::string> owners, fairness_keys, idempotency_keys;
           for (const job::Job* job : of) {
+            owners.push_back(job->owner);
             fairness_keys.push_back(job->spec.fairness_key);
             idempotency_keys.push_back(job->spec.idempotency_key);
           }
           absl::flat_hash_map<Key, std::string> holders;
-          for (const pqxx::row& row : txn.exec_prepared(statement.name,
-                                                        TextArrayLiteral(fairness_keys),
-                                                        TextArrayLiteral(idempotency_keys),
-                                                        window_us)) {
-            holders[{TextFromField(row[0]), TextFromField(row[1])}] = TextFromField(row[2]);
+          for (const pqxx::row& row : txn.exec_prepared(
+                   statement.name, TextArrayLiteral(owners), TextArrayLiteral(fairness_keys),
+                   TextArrayLiteral(idempotency_keys), window_us)) {
+            holders[Key(TextFromField(row[0]), TextFromField(row[1]), TextFromField(row[2]))] =
+                TextFromField(row[3]);
           }
           return holders;
         };
@@ -692,7 +700,7 @@ absl::StatusOr<std::vector<InsertOutcome>> PgJobStore::InsertMany(
             absl::flat_hash_map<Key, std::string> ended = holders_of(keyed, kSelectDoneHolders);
             std::vector<std::string> undo;
             for (const job::Job* job : keyed) {
-              auto it = ended.find(Key(job->spec.fairness_key, job->spec.idempotency_key));
+              auto it = ended.find(key_of(job));
               if (it == ended.end()) continue;
               undo.push_back(job->id);
               outcomes[index[job]] = InsertOutcome{.job_id = it->second, .deduplicated = true};
@@ -713,7 +721,7 @@ absl::StatusOr<std::vector<InsertOutcome>> PgJobStore::InsertMany(
           if (left_out.empty()) break;
           absl::flat_hash_map<Key, std::string> holders = holders_of(left_out, kSelectHolders);
           for (const job::Job* job : left_out) {
-            auto it = holders.find(Key(job->spec.fairness_key, job->spec.idempotency_key));
+            auto it = holders.find(key_of(job));
             if (it == holders.end()) {
               pending.push_back(job);
             } else {

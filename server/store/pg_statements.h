@@ -53,7 +53,7 @@ struct Statement {
   "(extract(epoch FROM dispatched_at) * 1000000)::int8, "                                     \
   "(extract(epoch FROM started_at) * 1000000)::int8, "                                        \
   "(extract(epoch FROM finished_at) * 1000000)::int8, "                                       \
-  "(extract(epoch FROM updated_at) * 1000000)::int8, seq"
+  "(extract(epoch FROM updated_at) * 1000000)::int8, owner, seq"
 #define DISPATCHD_PG_JOB_COLUMNS DISPATCHD_PG_JOB_COLUMNS_WITH("payload")
 // The dispatcher's loads leave payloads in the database: a claim returns them.
 #define DISPATCHD_PG_JOB_COLUMNS_NO_PAYLOAD DISPATCHD_PG_JOB_COLUMNS_WITH("''::bytea")
@@ -103,66 +103,72 @@ enum Col {
   kColStartedUs,
   kColFinishedUs,
   kColUpdatedUs,
+  kColOwner,
   kColSeq,
 };
 
 // Inserts jobs as QUEUED in one statement, in array order (so seq follows it): $1 ids, $2 types, $3
 // payloads (hex), $4 resource ids, $5 fairness keys, $6 idempotency keys, $7 label keys and $8
 // label values (each element a text-array literal), $9 max attempts, $10 timeouts (ms), $11
-// dispatch deadlines (us, NULL: none), $12 not_before (us since the epoch, NULL: none): parallel
-// arrays, one element per job. $13: whether to NOTIFY the leader of each new row, in the same
-// statement so that the notification goes out exactly when the rows commit. Returns the ids
-// inserted and their seq; a row left out met an active job (or one earlier in the same array)
-// holding its idempotency key. created_at and dispatch_deadline_at both use now(), so their
-// difference is exactly the spec's.
+// dispatch deadlines (us, NULL: none), $12 not_before (us since the epoch, NULL: none), $14
+// owners: parallel arrays, one element per job. $13: whether to NOTIFY the leader of each new
+// row, in the same statement so that the notification goes out exactly when the rows commit.
+// Returns the ids inserted and their seq; a row left out met an active job (or one earlier in
+// the same array) holding its idempotency key. created_at and dispatch_deadline_at both use
+// now(), so their difference is exactly the spec's.
 inline constexpr Statement kInsertJobs{"insert_jobs", R"sql(
 WITH ins AS (
   INSERT INTO jobs_active (id, type, payload, resource_id, fairness_key, idempotency_key, labels,
                            state, attempt, max_attempts, timeout_ms, dispatch_deadline_at,
-                           not_before, created_at, updated_at)
+                           not_before, created_at, updated_at, owner)
   SELECT r.id, r.type, decode(r.payload_hex, 'hex'), r.resource_id, r.fairness_key,
          r.idempotency_key, jsonb_object(r.label_keys::text[], r.label_values::text[]), 'QUEUED',
          0, r.max_attempts, r.timeout_ms, now() + r.deadline_us * interval '1 microsecond',
-         timestamptz 'epoch' + r.not_before_us * interval '1 microsecond', now(), now()
+         timestamptz 'epoch' + r.not_before_us * interval '1 microsecond', now(), now(), r.owner
   FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[],
-              $8::text[], $9::int4[], $10::int8[], $11::int8[], $12::int8[]) WITH ORDINALITY
+              $8::text[], $9::int4[], $10::int8[], $11::int8[], $12::int8[], $14::text[])
+    WITH ORDINALITY
     AS r(id, type, payload_hex, resource_id, fairness_key, idempotency_key, label_keys,
-         label_values, max_attempts, timeout_ms, deadline_us, not_before_us, ord)
+         label_values, max_attempts, timeout_ms, deadline_us, not_before_us, owner, ord)
   ORDER BY r.ord
-  ON CONFLICT (fairness_key, idempotency_key) WHERE idempotency_key <> '' DO NOTHING
+  ON CONFLICT (owner, fairness_key, idempotency_key) WHERE idempotency_key <> '' DO NOTHING
   RETURNING id, seq
 )
 SELECT ins.id, ins.seq, CASE WHEN $13::bool THEN pg_notify('dispatchd_jobs', ins.id) END
 FROM ins)sql"};
 
-// Idempotency keys. A job holds its (fairness_key, idempotency_key) while it is active (the
-// unique index jobs_idempotency on jobs_active) and for the idempotency window after it ended
-// (a row of jobs_done that finished less than $3 microseconds ago).
+// Idempotency keys, scoped to the principal that submits (the owner) and the fairness key. A
+// job holds its (owner, fairness_key, idempotency_key) while it is active (the unique index
+// jobs_idempotency on jobs_active) and for the idempotency window after it ended (a row of
+// jobs_done that finished less than $4 microseconds ago).
 //
-// $1 fairness keys, $2 idempotency keys (parallel arrays), $3 the window in us: the job holding
-// each key, if any: the active one, else the one that finished last.
+// $1 owners, $2 fairness keys, $3 idempotency keys (parallel arrays), $4 the window in us: the
+// job holding each key, if any: the active one, else the one that finished last.
 inline constexpr Statement kSelectHolders{"select_holders", R"sql(
-SELECT k.fairness_key, k.idempotency_key, h.id
-FROM unnest($1::text[], $2::text[]) AS k(fairness_key, idempotency_key)
+SELECT k.owner, k.fairness_key, k.idempotency_key, h.id
+FROM unnest($1::text[], $2::text[], $3::text[]) AS k(owner, fairness_key, idempotency_key)
 CROSS JOIN LATERAL (
   (SELECT id, 0 AS pref FROM jobs_active
-   WHERE fairness_key = k.fairness_key AND idempotency_key = k.idempotency_key
-     AND idempotency_key <> '')
+   WHERE owner = k.owner AND fairness_key = k.fairness_key
+     AND idempotency_key = k.idempotency_key AND idempotency_key <> '')
   UNION ALL
   (SELECT id, 1 FROM jobs_done
-   WHERE fairness_key = k.fairness_key AND idempotency_key = k.idempotency_key
-     AND idempotency_key <> '' AND finished_at > now() - $3::int8 * interval '1 microsecond'
+   WHERE owner = k.owner AND fairness_key = k.fairness_key
+     AND idempotency_key = k.idempotency_key AND idempotency_key <> ''
+     AND finished_at > now() - $4::int8 * interval '1 microsecond'
    ORDER BY finished_at DESC LIMIT 1)
   ORDER BY pref LIMIT 1
 ) h)sql"};
 
-// Same arguments: the keys held by a job that ended within the window ($3), and its id.
+// Same arguments: the keys held by a job that ended within the window ($4), and its id.
 inline constexpr Statement kSelectDoneHolders{"select_done_holders", R"sql(
-SELECT DISTINCT ON (k.fairness_key, k.idempotency_key) k.fairness_key, k.idempotency_key, d.id
-FROM unnest($1::text[], $2::text[]) AS k(fairness_key, idempotency_key)
-JOIN jobs_done d ON d.fairness_key = k.fairness_key AND d.idempotency_key = k.idempotency_key
-WHERE d.idempotency_key <> '' AND d.finished_at > now() - $3::int8 * interval '1 microsecond'
-ORDER BY k.fairness_key, k.idempotency_key, d.finished_at DESC)sql"};
+SELECT DISTINCT ON (k.owner, k.fairness_key, k.idempotency_key)
+       k.owner, k.fairness_key, k.idempotency_key, d.id
+FROM unnest($1::text[], $2::text[], $3::text[]) AS k(owner, fairness_key, idempotency_key)
+JOIN jobs_done d ON d.owner = k.owner AND d.fairness_key = k.fairness_key
+                AND d.idempotency_key = k.idempotency_key
+WHERE d.idempotency_key <> '' AND d.finished_at > now() - $4::int8 * interval '1 microsecond'
+ORDER BY k.owner, k.fairness_key, k.idempotency_key, d.finished_at DESC)sql"};
 
 // $1 ids: rows just inserted that turned out to repeat a key (same transaction).
 inline constexpr Statement kUndoInserts{"undo_inserts",
@@ -246,11 +252,12 @@ WHERE id = $1 AND )sql" DISPATCHD_PG_STATE_IS("", "'RUNNING' THEN attempt = $2::
 #define DISPATCHD_PG_INSERT_DONE(state, attempt, result, error)                               \
   "INSERT INTO jobs_done (seq, id, type, payload, resource_id, fairness_key, idempotency_key, " \
   "labels, state, attempt, max_attempts, timeout_ms, dispatch_deadline_at, not_before, "       \
-  "worker_id, result, error, created_at, dispatched_at, started_at, finished_at, updated_at) " \
+  "worker_id, result, error, created_at, dispatched_at, started_at, finished_at, updated_at, "  \
+  "owner) "                                                                                    \
   "SELECT m.seq, m.id, m.type, m.payload, m.resource_id, m.fairness_key, m.idempotency_key, "  \
   "m.labels, " state ", " attempt ", m.max_attempts, m.timeout_ms, m.dispatch_deadline_at, "   \
   "m.not_before, m.worker_id, " result ", " error ", m.created_at, m.dispatched_at, "          \
-  "m.started_at, now(), now() FROM moved m"
+  "m.started_at, now(), now(), m.owner FROM moved m"
 
 // $1 id, $2 attempt, $3 terminal state, $4 result (binary), $5 error, $6 epoch.
 inline constexpr Statement kFinish{"finish", "WITH " DISPATCHD_PG_FENCE(6) R"sql(, moved AS (

@@ -22,14 +22,16 @@ from dispatchd.client import (  # noqa: F401
     TERMINAL_STATES,
     state_name,
 )
+from dispatchd.security import Security  # noqa: F401
 from dispatchd.worker import (  # noqa: F401
     Gpu,
     Job,
     JobFailed,
     MemoryReport,
+    Refused,
     Worker,
 )
 from dispatchd.v1 import job_pb2  # noqa: F401  (Job, JobSpec, JobState)
 
 __all__ = ["Client", "DispatchError", "TERMINAL_STATES", "state_name", "Gpu", "Job", "JobFailed",
-           "MemoryReport", "Worker", "job_pb2"]
+           "MemoryReport", "Refused", "Security", "Worker", "job_pb2"]

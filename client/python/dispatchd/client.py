@@ -6,6 +6,7 @@ import json
 import grpc
 from google.protobuf import duration_pb2, timestamp_pb2
 
+from dispatchd.security import Security
 from dispatchd.v1 import job_pb2, job_service_pb2, job_service_pb2_grpc
 
 # The daemon's hint, on RESOURCE_EXHAUSTED, of when to try again.
@@ -90,13 +91,16 @@ class Client:
     """JobService of one daemon, or of any of several sharing a database
     ("ipv4:10.0.0.5:7411,10.0.0.6:7411"). Thread-safe; close() (or `with`) ends the channel.
 
-    Every call has a deadline: `timeout` seconds (default 10), or `wait` for run and watch."""
+    Every call has a deadline: `timeout` seconds (default 10), or `wait` for run and watch.
+    `security` (a dispatchd.Security) gives TLS and the bearer token; default none."""
 
-    def __init__(self, address="127.0.0.1:7411", timeout=10.0):
+    def __init__(self, address="127.0.0.1:7411", timeout=10.0, security=None):
         if not address:
             raise ValueError("address: required, host:port")
         self._timeout = timeout
-        self._channel = grpc.insecure_channel(address, options=[
+        security = security or Security()
+        self._metadata = security.metadata()
+        self._channel = security.channel(address, [
             ("grpc.service_config", SERVICE_CONFIG),
             ("grpc.max_receive_message_length", -1),
         ])
@@ -113,7 +117,7 @@ class Client:
 
     def _call(self, method, request, timeout=None):
         try:
-            return method(request, timeout=timeout or self._timeout)
+            return method(request, timeout=timeout or self._timeout, metadata=self._metadata)
         except grpc.RpcError as e:
             raise DispatchError.from_rpc_error(e) from None
 
@@ -155,7 +159,7 @@ class Client:
         DEADLINE_EXCEEDED)."""
         try:
             for event in self._jobs.Watch(job_service_pb2.WatchRequest(job_id=job_id),
-                                          timeout=wait):
+                                          timeout=wait, metadata=self._metadata):
                 yield event.job
         except grpc.RpcError as e:
             raise DispatchError.from_rpc_error(e) from None

@@ -20,7 +20,9 @@ import sys
 import threading
 import time
 
-from dispatchd.worker import DEFAULT_MAX_OUTPUT_BYTES, Gpu, JobFailed, MemoryReport, Worker
+from dispatchd.security import Security
+from dispatchd.worker import (DEFAULT_MAX_OUTPUT_BYTES, Gpu, JobFailed, MemoryReport, Refused,
+                              Worker)
 
 _MAX_STDERR_MESSAGE = 4096
 _MAX_STDERR_KEPT = 64 * 1024
@@ -334,6 +336,18 @@ def _parser():
     p.add_argument("--id", default=f"{socket.gethostname()}:{os.getpid()}",
                    help="worker id, unique in the fleet (default hostname:pid)")
     p.add_argument("--types", required=True, help="job types served, comma-separated")
+    env = os.environ.get
+    p.add_argument("--tls-ca", default=env("DISPATCHD_TLS_CA"),
+                   help="PEM file of the CA that signed the daemon's certificate; set: connect "
+                        "with TLS (env DISPATCHD_TLS_CA)")
+    p.add_argument("--tls-cert", default=env("DISPATCHD_TLS_CERT"),
+                   help="PEM file of this worker's certificate, for mutual TLS (with --tls-key) "
+                        "(env DISPATCHD_TLS_CERT)")
+    p.add_argument("--tls-key", default=env("DISPATCHD_TLS_KEY"),
+                   help="PEM file of the private key of --tls-cert (env DISPATCHD_TLS_KEY)")
+    p.add_argument("--token-file", default=env("DISPATCHD_TOKEN_FILE"),
+                   help="file whose first line is the bearer token to present "
+                        "(env DISPATCHD_TOKEN_FILE)")
     p.add_argument("--slots", type=int, default=1, help="slots advertised to the daemon")
     p.add_argument("--max-concurrent", type=int, default=None,
                    help="jobs run at once; more are refused RESOURCE_EXHAUSTED (default: --slots)")
@@ -452,7 +466,9 @@ def main(argv=None):
                         gpus=([Gpu("0", int(args.gpu_memory_gb * 1e9))] if args.gpu_memory_gb
                               else []),
                         memory_probe=_memory_file_probe(args.memory_file) if args.memory_file
-                        else None)
+                        else None,
+                        security=Security(args.tls_ca, args.tls_cert, args.tls_key,
+                                          args.token_file))
     except ValueError as e:
         p.error(str(e))
     if simulator is not None:
@@ -476,6 +492,8 @@ def main(argv=None):
     threading.Thread(target=on_signals, name="signals", daemon=True).start()
     try:
         worker.run()
+    except Refused:
+        return 1  # logged by the worker
     finally:
         worker.close()
         if start_log is not None:

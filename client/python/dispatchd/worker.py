@@ -40,6 +40,7 @@ import time
 
 import grpc
 
+from dispatchd.security import Security
 from dispatchd.v1 import worker_service_pb2 as pb
 from dispatchd.v1 import worker_service_pb2_grpc as pb_grpc
 
@@ -70,6 +71,11 @@ class JobFailed(Exception):
         super().__init__(message)
         self.message = message
         self.retryable = retryable
+
+
+class Refused(Exception):
+    """run() ends with this when the daemon refuses the worker's credentials (UNAUTHENTICATED)
+    or its principal may not serve its types (PERMISSION_DENIED): trying again cannot help."""
 
 
 class Job:
@@ -154,9 +160,10 @@ class _Session:
     Writes never block: a heartbeat written while the previous one still waits in the queue
     replaces it, so a slow stream carries the newest report, not a backlog of stale ones."""
 
-    def __init__(self, target):
+    def __init__(self, target, security):
         self.target = target
-        self.channel = grpc.insecure_channel(target, options=[
+        self.metadata = security.metadata()
+        self.channel = security.channel(target, [
             ("grpc.max_receive_message_length", -1),
             ("grpc.max_send_message_length", -1),
         ])
@@ -209,7 +216,7 @@ class _Session:
             cb(False)
 
     def start(self):
-        call = self.stub.Connect(self._requests())
+        call = self.stub.Connect(self._requests(), metadata=self.metadata)
         with self._cv:
             self._call = call
             cancel = self._cancelled
@@ -289,7 +296,7 @@ class Worker:
                  labels=None, models_resident=(), gpus=(), memory_probe=None,
                  reconnect_min=0.1, reconnect_max=5.0, welcome_timeout=30.0,
                  default_heartbeat_interval=5.0, drain_result_timeout=30.0,
-                 max_output_bytes=DEFAULT_MAX_OUTPUT_BYTES):
+                 max_output_bytes=DEFAULT_MAX_OUTPUT_BYTES, security=None):
         """ValueError naming the argument for an empty server, worker_id or type list, slots < 1,
         max_concurrent < 0, a handler that is not callable, or non-positive timings.
 
@@ -300,6 +307,8 @@ class Worker:
             of its models fits in their total. None reported: no limit.
         memory_probe: returns a MemoryReport for each heartbeat (default: host RAM from
             /proc/meminfo, no GPU use).
+        security: a dispatchd.Security (TLS and the bearer token); default none. Its files are
+            read here: ValueError naming the flag if one cannot be read.
         Timings are in seconds."""
         if not server:
             raise ValueError("server: empty")
@@ -327,6 +336,8 @@ class Worker:
             raise ValueError("welcome_timeout/default_heartbeat_interval: must be > 0")
         if drain_result_timeout < 0:
             raise ValueError(f"drain_result_timeout: must be >= 0, got {drain_result_timeout}")
+        self._security = security or Security()
+        self._security.metadata()  # reads the token file now, so that a bad one fails here
         self.worker_id = worker_id
         self._servers = servers
         self._server = server
@@ -379,6 +390,10 @@ class Worker:
                 if self._stop_locked():
                     break
             end, redirect_to = self._run_session(target)
+            if end == "refused":
+                _log.error("refused worker=%s server=%s: %s", self.worker_id, target,
+                           self._refusal)
+                raise Refused(self._refusal)
             if end == "redirected" and redirect_to and redirect_to != target:
                 # A standby named the leader: go there at once (a failure starts the list again).
                 _log.info("redirected worker=%s from=%s to leader=%s", self.worker_id, target,
@@ -477,7 +492,7 @@ class Worker:
     def _run_session(self, target):
         """One connection attempt: Hello, Welcome, then messages until the stream ends. Returns
         ("welcomed" | "redirected" | "failed", the leader's address on a redirect)."""
-        session = _Session(target)
+        session = _Session(target, self._security)
         hello = pb.Hello(worker_id=self.worker_id, types=self._types, slots=self._slots,
                          labels=self._labels, batching=True,
                          gpus=[pb.Gpu(id=g.id, memory_total_bytes=g.memory_total_bytes)
@@ -548,6 +563,11 @@ class Worker:
                          target, code, detail)
         if welcomed:
             return "welcomed", ""
+        if not redirected and code in ("UNAUTHENTICATED", "PERMISSION_DENIED"):
+            # The daemon does not know these credentials, or they may not serve these types:
+            # trying again cannot help.
+            self._refusal = f"{code}: {detail}"
+            return "refused", ""
         return ("redirected" if redirected else "failed"), redirect_to
 
     def _handle_message(self, session, message):
