@@ -45,14 +45,18 @@ std::chrono::system_clock::time_point AtMicros(int64_t us) {
   return std::chrono::system_clock::time_point(std::chrono::microseconds(us));
 }
 
-absl::StatusOr<std::shared_ptr<grpc::Channel>> NewChannel(const std::string& server) {
+absl::StatusOr<std::shared_ptr<grpc::Channel>> NewChannel(const std::string& server,
+                                                          const client::Credentials& credentials) {
   absl::StatusOr<std::string> target = client::ChannelTarget(server);
   if (!target.ok()) return target.status();
   grpc::ChannelArguments args = client::DaemonChannelArguments();
   // A subchannel pool of its own, so that every channel is a connection of its own: N clients,
   // not N views of one connection.
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  return grpc::CreateCustomChannel(*target, grpc::InsecureChannelCredentials(), args);
+  return grpc::CreateCustomChannel(
+      *target,
+      credentials.channel != nullptr ? credentials.channel : grpc::InsecureChannelCredentials(),
+      args);
 }
 
 absl::Status Connect(grpc::Channel& channel, const std::string& server, absl::Duration timeout) {
@@ -109,11 +113,13 @@ class Call final : private Tag {
  public:
   // Calls `on_answer` with the slot after each answer.
   Call(RpcKind kind, v1::JobService::Stub& stub, grpc::CompletionQueue& cq, const v1::JobSpec& spec,
-       absl::Duration timeout, std::function<void(Call&)> on_answer)
+       const client::Credentials& credentials, absl::Duration timeout,
+       std::function<void(Call&)> on_answer)
       : kind_(kind),
         stub_(stub),
         cq_(cq),
         spec_(spec),
+        credentials_(credentials),
         timeout_(timeout),
         on_answer_(std::move(on_answer)),
         retry_(this) {
@@ -225,6 +231,7 @@ class Call final : private Tag {
   void Resend() {
     context_ = std::make_unique<grpc::ClientContext>();
     context_->set_deadline(In(timeout_));
+    credentials_.Apply(*context_);
     sent_us_ = NowMicros();
     switch (kind_) {
       case RpcKind::kSubmit:
@@ -251,6 +258,7 @@ class Call final : private Tag {
   v1::JobService::Stub& stub_;
   grpc::CompletionQueue& cq_;
   const v1::JobSpec& spec_;
+  const client::Credentials& credentials_;
   const absl::Duration timeout_;
   const std::function<void(Call&)> on_answer_;
   Retry retry_;
@@ -328,7 +336,8 @@ class FloodLane {
   void AddClient(v1::JobService::Stub& stub) {
     const RpcKind kind = options_.batch > 1 ? RpcKind::kSubmitBatch : RpcKind::kSubmit;
     for (int i = 0; i < options_.inflight; ++i) {
-      calls_.push_back(std::make_unique<Call>(kind, stub, cq_, spec_, options_.call_timeout,
+      calls_.push_back(std::make_unique<Call>(kind, stub, cq_, spec_, options_.credentials,
+                                              options_.call_timeout,
                                               [this](Call& c) { OnAnswer(c); }));
     }
   }
@@ -397,7 +406,8 @@ class ProbeRun final : private Tag {
       : options_(options), spec_(MakeSpec(options.job)) {
     const RpcKind kind = options.kind == ProbeKind::kRunSync ? RpcKind::kRunSync : RpcKind::kSubmit;
     for (int i = 0; i < options.inflight; ++i) {
-      calls_.push_back(std::make_unique<Call>(kind, stub, cq_, spec_, options.call_timeout,
+      calls_.push_back(std::make_unique<Call>(kind, stub, cq_, spec_, options.credentials,
+                                              options.call_timeout,
                                               [this](Call& c) { OnAnswer(c); }));
       free_.push_back(calls_.back().get());
     }
@@ -495,9 +505,10 @@ LatencySummary Summarize(std::vector<int64_t>& samples) {
   return s;
 }
 
-absl::Status WaitForDaemon(const std::string& server, int workers, absl::Duration timeout) {
+absl::Status WaitForDaemon(const std::string& server, const client::Credentials& credentials,
+                           int workers, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
-  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = NewChannel(server);
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = NewChannel(server, credentials);
   if (!channel.ok()) return channel.status();
   if (absl::Status s = Connect(**channel, server, timeout); !s.ok()) return s;
   if (workers <= 0) return absl::OkStatus();
@@ -506,6 +517,7 @@ absl::Status WaitForDaemon(const std::string& server, int workers, absl::Duratio
   while (absl::Now() < deadline) {
     grpc::ClientContext context;
     context.set_deadline(In(absl::Seconds(5)));
+    credentials.Apply(context);
     v1::ListWorkersResponse response;
     grpc::Status status = admin->ListWorkers(&context, v1::ListWorkersRequest(), &response);
     if (!status.ok()) return client::FromGrpcStatus(status, &context);
@@ -530,7 +542,8 @@ absl::StatusOr<RunSummary> RunFlood(const FloodOptions& options) {
   std::vector<std::shared_ptr<grpc::Channel>> channels;
   std::vector<std::unique_ptr<v1::JobService::Stub>> stubs;
   for (int i = 0; i < options.clients; ++i) {
-    absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = NewChannel(options.server);
+    absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+        NewChannel(options.server, options.credentials);
     if (!channel.ok()) return channel.status();
     if (absl::Status s = Connect(**channel, options.server, options.call_timeout); !s.ok()) {
       return s;
@@ -570,7 +583,8 @@ absl::StatusOr<RunSummary> RunProbes(const ProbeOptions& options) {
   if (!(options.rate > 0)) return absl::InvalidArgumentError("--rate: must be positive");
   if (options.inflight < 1) return absl::InvalidArgumentError("--inflight: at least 1");
 
-  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = NewChannel(options.server);
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      NewChannel(options.server, options.credentials);
   if (!channel.ok()) return channel.status();
   if (absl::Status s = Connect(**channel, options.server, options.call_timeout); !s.ok()) return s;
   std::unique_ptr<v1::JobService::Stub> stub = v1::JobService::NewStub(*channel);

@@ -24,6 +24,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "client/cpp/credentials.h"
 
 namespace dispatchd::bench {
 
@@ -38,6 +39,9 @@ struct JobTemplate {
 struct FloodOptions {
   // Daemon address host:port (or a list, as dispatchctl takes).
   std::string server;
+  // TLS and bearer token of every channel and call (client::LoadCredentials); no channel
+  // credentials: plaintext, no token.
+  client::Credentials credentials;
   JobTemplate job;
   // Jobs to queue in all.
   int64_t jobs = 0;
@@ -59,6 +63,7 @@ enum class ProbeKind { kSubmit, kRunSync };
 
 struct ProbeOptions {
   std::string server;
+  client::Credentials credentials;
   JobTemplate job;
   ProbeKind kind = ProbeKind::kSubmit;
   // Probes sent in all, the first `warmup` of them not counted in the latencies.
@@ -117,9 +122,12 @@ struct RunSummary {
   std::vector<JobRecord> records;
 };
 
-// Waits until every channel is connected and the daemon reports `workers` connected workers
-// (0: do not wait for workers). DEADLINE_EXCEEDED after `timeout`.
-absl::Status WaitForDaemon(const std::string& server, int workers, absl::Duration timeout);
+// Waits until a channel is connected and the daemon reports `workers` connected workers
+// (0: do not wait for workers). DEADLINE_EXCEEDED after `timeout`. Listing the workers is an
+// AdminService call: with authentication on, `credentials` must name an admin (a client's
+// token is refused PERMISSION_DENIED).
+absl::Status WaitForDaemon(const std::string& server, const client::Credentials& credentials,
+                           int workers, absl::Duration timeout);
 
 // INVALID_ARGUMENT for a bad option, naming it. Otherwise the summary, whatever the calls
 // answered (check `errors`).

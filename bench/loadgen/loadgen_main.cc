@@ -2,6 +2,11 @@
 //
 //   dispatch-loadgen --server 127.0.0.1:7411 flood --jobs 100000 --clients 8 --inflight 64
 //   dispatch-loadgen --server 127.0.0.1:7411 probe --rpc runsync --count 1000 --rate 100
+//   dispatch-loadgen --tls-ca ca.pem --token-file client.token ... flood ...
+//
+// --tls-ca, --tls-cert, --tls-key and --token-file are every tool's (client/cpp/security_flags.h):
+// every channel and call of the run carries them. --wait-workers lists the workers, an
+// AdminService call, which a daemon with authentication on allows an admin only.
 //
 // Prints one JSON line on stdout (the summary; see --help) and, with --record, one line per job.
 // Exit status: 0 when every job was acknowledged; 1 on any error other than RESOURCE_EXHAUSTED
@@ -23,6 +28,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "bench/loadgen/load_driver.h"
+#include "client/cpp/credentials.h"
+#include "client/cpp/security_flags.h"
 
 namespace dispatchd::bench {
 namespace {
@@ -98,6 +105,8 @@ int Main(int argc, char** argv) {
                  "Write `SEQ JOB_ID SENT_US ANSWERED_US` per job acknowledged: SEQ is the send "
                  "order of its call (probes below --warmup are warm-up), times are the system "
                  "clock in microseconds since the epoch, of the call's (last) send and its answer");
+  client::Security security;
+  client::AddSecurityFlags(app, &security);
 
   FloodOptions flood;
   CLI::App* flood_cmd = app.add_subcommand(
@@ -164,7 +173,10 @@ int Main(int argc, char** argv) {
     return UsageError(absl::StrCat("--wait-timeout: invalid duration \"", wait_timeout_flag, "\""));
   }
 
-  if (absl::Status s = WaitForDaemon(server, wait_workers, wait_timeout); !s.ok()) {
+  absl::StatusOr<client::Credentials> credentials = client::LoadCredentials(security);
+  if (!credentials.ok()) return UsageError(std::string(credentials.status().message()));
+
+  if (absl::Status s = WaitForDaemon(server, *credentials, wait_workers, wait_timeout); !s.ok()) {
     std::fprintf(stderr, "dispatch-loadgen: %s\n", s.ToString().c_str());
     return 1;
   }
@@ -174,6 +186,7 @@ int Main(int argc, char** argv) {
   int64_t requested = 0;
   if (flood_cmd->parsed()) {
     flood.server = server;
+    flood.credentials = *credentials;
     flood.job = job;
     flood.call_timeout = call_timeout;
     flood.keep_records = !record_path.empty();
@@ -185,6 +198,7 @@ int Main(int argc, char** argv) {
     run = RunFlood(flood);
   } else {
     probe.server = server;
+    probe.credentials = *credentials;
     probe.job = job;
     probe.kind = rpc_flag == "runsync" ? ProbeKind::kRunSync : ProbeKind::kSubmit;
     probe.call_timeout = call_timeout;
