@@ -41,6 +41,12 @@ Scenarios:
           worker: from the client's send to the worker's handler start (both CLOCK_REALTIME on
           this host, from dispatch-loadgen --record and dispatch-worker --start-log); RunSync
           round trip: send to answer. p50, p99 and p999.
+  security
+          drain and latency, each with security off (plaintext loopback, no authentication)
+          and on (TLS with an openssl-made P-256 certificate for 127.0.0.1, bearer tokens: a
+          client token for the load generator, a worker token for the workers), in the same
+          run, off first in odd runs and on first in even ones. The medians of each, the
+          drain's on/off ratio and the latencies' differences on - off.
 
 e2e and latency fail unless every job the clients were answered for exists, SUCCEEDED at its
 first attempt and was started by a worker exactly once, and no other job exists.
@@ -55,6 +61,7 @@ Examples:
   python3 bench/bench.py submitted --jobs 100000
   python3 bench/bench.py turncost --runs 1                           # ~10 min
   python3 bench/bench.py latency --probes 300 --runs 1
+  python3 bench/bench.py security --runs 3                         # ~2 min per run
 
 Python 3 standard library only; needs the binaries in build/ (or --build) and psql.
 """
@@ -84,7 +91,7 @@ from sched_e2e_bench import (  # noqa: E402
     BenchError, Postgres, find_binary, log, machine_info, psql)
 import lab  # noqa: E402
 from harness import (  # noqa: E402
-    Daemon, check_ran_once, cpu_figures, cpu_seconds, keep_finished_jobs, machine_busy,
+    Daemon, Security, check_ran_once, cpu_figures, cpu_seconds, keep_finished_jobs, machine_busy,
     percentile, queue_noop_jobs, read_records, read_start_logs, rss_kib, run_loadgen,
     wait_drained)
 
@@ -95,11 +102,13 @@ PEER = os.path.join(os.path.dirname(REPO), "shared", "peers", "graphile-yardstic
 # Scenarios. Each returns one dict of figures per run.
 
 
-def drain_once(b, name, jobs, finished=0):
+def drain_once(b, name, jobs, finished=0, security=None):
     """One drain: `jobs` queued no-op jobs (after `finished` SUCCEEDED ones kept for Status),
-    loaded by a fresh daemon and drained by the workers. Figures from the job rows."""
+    loaded by a fresh daemon and drained by the workers. Figures from the job rows. With
+    `security` (harness.Security) the daemon serves TLS and checks tokens, and the workers
+    present theirs."""
     a = b.args
-    d = Daemon(b, name)
+    d = Daemon(b, name, security)
     try:
         d.start(["noop"])  # creates the schema
         d.stop()
@@ -373,8 +382,14 @@ def run_turncost(b, i):
 
 
 def run_latency(b, i):
+    return latency_once(b, f"latency-{i}")
+
+
+def latency_once(b, name, security=None):
+    """Submit probes, then RunSync probes, at light load on a fresh daemon (with `security`, as
+    drain_once's); the figures from the load generator's records and the workers' start logs."""
     a = b.args
-    d = Daemon(b, f"latency-{i}")
+    d = Daemon(b, name, security)
     try:
         d.start(["noop"])
         d.start_workers(a.workers, ["noop"], a.slots, start_logs=True)
@@ -422,6 +437,49 @@ def run_latency(b, i):
         d.drop()
 
 
+# The figures of drain and latency that `security` sets side by side, off and on.
+SECURITY_DRAIN = ("jobs_per_s", "cpu_us_per_job", "daemon_cpu_us_per_job",
+                  "workers_cpu_us_per_job")
+SECURITY_LATENCY = ("submit_to_worker_p50_ms", "submit_to_worker_p99_ms", "submit_ack_p50_ms",
+                    "runsync_p50_ms", "runsync_p99_ms")
+
+
+def run_security(b, i):
+    """The drain and the latency probes, each once with security off (plaintext on loopback, no
+    authentication: the default) and once on (TLS with a certificate for 127.0.0.1, bearer tokens:
+    the load generator's of role client, the workers' of role worker), in the same run. Odd runs
+    measure off first, even runs on first, so that a drift over the sitting falls on both."""
+    a = b.args
+    if b.security is None:
+        b.security = Security(os.path.join(b.workdir, "security"), ["noop"])
+    order = [("off", None), ("on", b.security)]
+    if i % 2 == 0:
+        order.reverse()
+    out = {"order": "-".join(tag for tag, _ in order)}
+    for tag, sec in order:
+        r = drain_once(b, f"drain-{tag}-{i}", a.jobs, security=sec)
+        out.update({f"drain_{tag}_{k}": r[k] for k in SECURITY_DRAIN})
+    for tag, sec in order:
+        r = latency_once(b, f"latency-{tag}-{i}", security=sec)
+        out.update({f"latency_{tag}_{k}": r[k] for k in SECURITY_LATENCY})
+    # The same comparisons within this run (their medians are printed as `paired_*`).
+    out["paired_drain_on_to_off"] = round(out["drain_on_jobs_per_s"] /
+                                          out["drain_off_jobs_per_s"], 3)
+    out["paired_submit_to_worker_p50_on_minus_off_ms"] = round(
+        out["latency_on_submit_to_worker_p50_ms"] - out["latency_off_submit_to_worker_p50_ms"], 3)
+    return out
+
+
+def security_summary(med, runs):
+    """What security costs, from the medians of each configuration: the drain's ratio and the
+    latencies' differences (on - off)."""
+    out = {"order": ", ".join(r["order"] for r in runs),
+           "drain_on_to_off": round(med["drain_on_jobs_per_s"] / med["drain_off_jobs_per_s"], 3)}
+    for k in SECURITY_LATENCY:
+        out[f"{k[:-3]}_on_minus_off_ms"] = round(med[f"latency_on_{k}"] - med[f"latency_off_{k}"],
+                                                 3)
+    return out
+
 
 # Targets: figure -> (">=" or "<=", value). Printed with the ratio figure/target.
 TARGETS = {
@@ -438,6 +496,9 @@ TARGETS = {
     "batch_cpu_over_parts": ("<=", 1.1),
     "submitted_to_drain": (">=", 0.9),
     "largest_to_smallest": ("<=", 1.5),
+    # What TLS and tokens cost (security): the drain's rate and the light-load latency.
+    "drain_on_to_off": (">=", 0.9),
+    "submit_to_worker_p50_on_minus_off_ms": ("<=", 0.3),
 }
 
 
@@ -580,7 +641,7 @@ def run_lab(b, i):
 
 SCENARIOS = {"drain": run_drain, "backlog": run_backlog, "retained": run_retained,
              "e2e": run_e2e, "submitted": run_submitted, "turncost": run_turncost,
-             "latency": run_latency, "lab": run_lab}
+             "latency": run_latency, "lab": run_lab, "security": run_security}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -594,6 +655,7 @@ class Bench:
         self.worker = find_binary(build, "dispatch-worker", "client/cpp")
         self.workdir = tempfile.mkdtemp(prefix="dispatchd-bench-")
         self.pg = Postgres(self.workdir, args.pg_url)
+        self.security = None  # harness.Security, made by the first run that needs it
 
     def loadgen(self):
         return find_binary(os.path.abspath(self.args.build), "dispatch-loadgen", "bench/loadgen")
@@ -866,7 +928,11 @@ def main():
         width = 0
     else:
         med = median_figures(runs)
+        if args.scenario == "security":
+            med.update(security_summary(med, runs))
         print(f"\n== {args.scenario}: median of {len(runs)} run(s)   ({command})")
+        m = machine_info()
+        print(f"   machine: {m['cpu']}, {m['nproc']} cores, {m['memory']}, Linux {m['kernel']}")
         width = max(len(k) for k in med)
         for k, v in med.items():
             text, record = target_check(k, v)

@@ -6,10 +6,12 @@ are shared with the scheduler benchmark (sched/sched_e2e_bench.py).
 """
 
 import collections
+import hashlib
 import json
 import math
 import os
 import re
+import secrets
 import signal
 import socket
 import subprocess
@@ -35,11 +37,69 @@ def rss_kib(pid):
     return None
 
 
-class Daemon:
-    """One dispatchd on a database of its own."""
+class Security:
+    """TLS and bearer tokens for the daemons of a sitting, made once in `directory`: a CA and a
+    server certificate for 127.0.0.1 (P-256 keys, made with openssl), and a tokens file (mode
+    0600) with a `client` token for the load generator and a `worker` token for the workers,
+    limited to `types`. Give it to Daemon: the daemon then serves TLS and checks the tokens, and
+    its workers and load generator connect with --tls-ca and --token-file."""
 
-    def __init__(self, bench, name):
+    def __init__(self, directory, types):
+        os.makedirs(directory, exist_ok=True)
+        self.dir = directory
+        path = lambda name: os.path.join(directory, name)  # noqa: E731
+        self.ca, self.cert, self.key = path("ca.pem"), path("server.pem"), path("server.key")
+        p256 = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+        with open(path("server.ext"), "w") as f:
+            f.write("subjectAltName=IP:127.0.0.1\n")
+        for argv in (
+                ["req", "-x509", *p256, "-keyout", path("ca.key"), "-out", self.ca, "-days", "2",
+                 "-subj", "/CN=dispatchd-bench-ca"],
+                ["req", *p256, "-keyout", self.key, "-out", path("server.csr"),
+                 "-subj", "/CN=127.0.0.1"],
+                ["x509", "-req", "-in", path("server.csr"), "-CA", self.ca, "-CAkey",
+                 path("ca.key"), "-CAcreateserial", "-out", self.cert, "-days", "2",
+                 "-extfile", path("server.ext")]):
+            r = subprocess.run(["openssl", *argv], capture_output=True, text=True, timeout=60)
+            if r.returncode != 0:
+                raise BenchError(f"openssl {' '.join(argv[:2])} failed ({r.returncode}):\n"
+                                 f"{r.stdout}{r.stderr}")
+        self.tokens_file = path("tokens")
+        self.token_files = {}
+        lines = []
+        for name, role, extra in (("bench-client", "client", ""),
+                                  ("bench-worker", "worker", " types=" + ",".join(types))):
+            token = secrets.token_hex(32)
+            self.token_files[role] = path(f"{role}.token")
+            write_private(self.token_files[role], token + "\n")
+            lines.append(f"{name} {role} sha256:{hashlib.sha256(token.encode()).hexdigest()}"
+                         f"{extra}\n")
+        write_private(self.tokens_file, "".join(lines))
+
+    def config_lines(self):
+        """The daemon's `tls` and `auth` keys."""
+        return ["tls:", f"  cert_file: {yaml_str(self.cert)}", f"  key_file: {yaml_str(self.key)}",
+                "auth:", f"  tokens_file: {yaml_str(self.tokens_file)}"]
+
+    def argv(self, role):
+        """What a worker (role "worker") or the load generator ("client") adds to its argv."""
+        return ["--tls-ca", self.ca, "--token-file", self.token_files[role]]
+
+
+def write_private(path, text):
+    """Writes a file only its owner may read (mode 0600 from its creation)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
+class Daemon:
+    """One dispatchd on a database of its own; with `security` (a Security), serving TLS and
+    checking bearer tokens, and its workers and load generator presenting them."""
+
+    def __init__(self, bench, name, security=None):
         self.b = bench
+        self.security = security
         self.dir = os.path.join(bench.workdir, name)
         os.makedirs(os.path.join(self.dir, "state"), exist_ok=True)
         self.dbname = f"bench_{os.getpid()}_{name}".replace("-", "_")
@@ -49,6 +109,8 @@ class Daemon:
         self.workers = []
         self.start_logs = []
         self.metrics_addr = None  # set by serve_metrics
+        if security is not None:
+            self.serve_metrics()  # wait_workers reads it: a client token may not list workers
 
     def serve_metrics(self):
         """Makes the next start serve /metrics on a free port of its own (read with metrics())."""
@@ -80,7 +142,8 @@ class Daemon:
             "max_active: 10000000",
             "postgres:",
             f"  url: {yaml_str(self.url)}",
-        ] + (["scheduler:", f"  policy: {policy}"] if policy else []) + [
+        ] + (["scheduler:", f"  policy: {policy}"] if policy else []) + (
+            self.security.config_lines() if self.security else []) + [
             "types:",
         ]
         for t in types:
@@ -122,6 +185,8 @@ class Daemon:
         for i in range(1, n + 1):
             argv = [self.b.worker, "--server", self.addr, "--id", f"w{i}", "--types",
                     ",".join(types), "--slots", str(slots), *mode, "--log-level", "warn"]
+            if self.security is not None:
+                argv += self.security.argv("worker")
             if start_logs:
                 path = os.path.join(self.dir, f"starts-w{i}")
                 argv += ["--start-log", path]
@@ -145,6 +210,19 @@ class Daemon:
         for w, rc in codes:
             if rc != 0:
                 raise BenchError(f"worker exited with {rc}; log {w.log_path}:\n{tail(w.log_path)}")
+
+    def wait_workers(self, n, timeout=60):
+        """Waits until the daemon counts n connected workers (its /metrics gauge)."""
+        deadline = time.time() + timeout
+        seen = 0
+        while time.time() < deadline:
+            self.check_alive()
+            seen = self.metrics().get(("dispatchd_workers", ""), 0)
+            if seen >= n:
+                return
+            time.sleep(0.05)
+        raise BenchError(f"only {seen:g} of {n} workers connected in {timeout} s; logs in "
+                         f"{self.dir}")
 
     def check_alive(self):
         for p in [self.proc] + self.workers:
@@ -221,8 +299,18 @@ def keep_finished_jobs(url, n, jtype):
 
 
 def run_loadgen(b, d, argv, timeout):
-    """Runs dispatch-loadgen against d; returns its JSON summary. Fails on a non-zero exit."""
-    cmd = [b.loadgen(), "--server", d.addr, "--type", "noop"] + argv
+    """Runs dispatch-loadgen against d; returns its JSON summary. Fails on a non-zero exit.
+    With d.security it connects with TLS and the client token; a client may not list the
+    workers (an admin call), so this waits for --wait-workers itself, from the daemon's
+    /metrics, before the load generator starts."""
+    cmd = [b.loadgen(), "--server", d.addr, "--type", "noop"]
+    if d.security is not None:
+        cmd += d.security.argv("client")
+        if "--wait-workers" in argv:
+            k = argv.index("--wait-workers")
+            d.wait_workers(int(argv[k + 1]))
+            argv = argv[:k] + argv[k + 2:]
+    cmd += argv
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
