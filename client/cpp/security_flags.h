@@ -1,6 +1,7 @@
 #pragma once
 
 #include "CLI/CLI.hpp"
+
 #include "client/cpp/credentials.h"
 
 namespace dispatchd::client {

@@ -122,9 +122,8 @@ absl::Status MayServe(const Principal& caller, const std::vector<std::string>& t
   if (caller.types.empty()) return absl::OkStatus();
   for (const std::string& type : types) {
     if (std::find(caller.types.begin(), caller.types.end(), type) == caller.types.end()) {
-      return absl::PermissionDeniedError(absl::StrCat("hello.types: worker principal \"",
-                                                      caller.name, "\" may not serve type \"",
-                                                      type, "\""));
+      return absl::PermissionDeniedError(absl::StrCat(
+          "hello.types: worker principal \"", caller.name, "\" may not serve type \"", type, "\""));
     }
   }
   return absl::OkStatus();

@@ -18,8 +18,8 @@ constexpr absl::string_view kDigestPrefix = "sha256:";
 bool ValidName(absl::string_view name) {
   if (name.empty() || name.size() > kMaxNameBytes) return false;
   for (char c : name) {
-    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' &&
-        c != '@' && c != ':' && c != '-') {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '@' &&
+        c != ':' && c != '-') {
       return false;
     }
   }
@@ -44,8 +44,7 @@ bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
   return diff == 0;
 }
 
-absl::StatusOr<TokenTable> TokenTable::Parse(absl::string_view text,
-                                             absl::string_view file_name) {
+absl::StatusOr<TokenTable> TokenTable::Parse(absl::string_view text, absl::string_view file_name) {
   TokenTable table;
   absl::flat_hash_map<std::string, size_t> by_name;
   int line_no = 0;
@@ -74,8 +73,9 @@ absl::StatusOr<TokenTable> TokenTable::Parse(absl::string_view text,
     if (!absl::ConsumePrefix(&digest_hex, kDigestPrefix) || digest_hex.size() != 64 ||
         !ValidHex(digest_hex)) {
       // The field may be a token pasted by mistake: never repeat it.
-      return fail("digest: want sha256: and 64 hex digits (the SHA-256 of the token, not the "
-                  "token itself)");
+      return fail(
+          "digest: want sha256: and 64 hex digits (the SHA-256 of the token, not the "
+          "token itself)");
     }
     if (fields.size() == 4) {
       absl::string_view types = fields[3];

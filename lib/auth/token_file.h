@@ -8,6 +8,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+
 #include "lib/auth/principal.h"
 
 namespace dispatchd::auth {

@@ -1,7 +1,5 @@
 #include "server/auth/grpc_auth.h"
 
-#include <sys/stat.h>
-
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -17,6 +15,8 @@
 #include "grpcpp/security/tls_certificate_provider.h"
 #include "grpcpp/security/tls_credentials_options.h"
 #include "openssl/evp.h"
+#include <sys/stat.h>
+
 #include "server/metrics/daemon_metrics.h"
 #include "server/util/log.h"
 
@@ -72,8 +72,8 @@ absl::StatusOr<std::shared_ptr<const Identities>> Identities::Load(
     out->tokens = *std::move(table);
   }
   for (const config::CertificatePrincipal& c : config.certificates) {
-    out->certificates.emplace(
-        c.name, Principal{.name = c.principal, .role = c.role, .types = c.types});
+    out->certificates.emplace(c.name,
+                              Principal{.name = c.principal, .role = c.role, .types = c.types});
   }
   return std::shared_ptr<const Identities>(std::move(out));
 }
@@ -124,16 +124,15 @@ absl::StatusOr<Principal> Gate::Resolve(const grpc::ServerContextBase& ctx,
                 : "no credentials: send `authorization: Bearer <token>` or a client certificate");
 }
 
-absl::StatusOr<Principal> Gate::Authorize(const grpc::ServerContextBase& ctx,
-                                          Method method) const {
+absl::StatusOr<Principal> Gate::Authorize(const grpc::ServerContextBase& ctx, Method method) const {
   Principal caller = Principal::Local();
   if (enabled_) {
     std::string reason;
     absl::StatusOr<Principal> resolved = Resolve(ctx, &reason);
     if (!resolved.ok()) {
       metrics::Metrics().auth_refusals.With({reason}).Inc();
-      server::Log("auth")->warn("refused method={} peer={} reason={}", ToString(method),
-                                ctx.peer(), reason);
+      server::Log("auth")->warn("refused method={} peer={} reason={}", ToString(method), ctx.peer(),
+                                reason);
       return absl::UnauthenticatedError(
           absl::StrCat(ToString(method), ": ", resolved.status().message()));
     }

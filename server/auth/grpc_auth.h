@@ -9,6 +9,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/grpcpp.h"
+
 #include "lib/auth/principal.h"
 #include "lib/auth/token_file.h"
 #include "lib/config/config.h"
@@ -58,8 +59,8 @@ class Gate {
 
  private:
   // The principal of `ctx`, or the reason it has none (a dispatchd_auth_refusals_total reason).
-  absl::StatusOr<Principal> Resolve(const grpc::ServerContextBase& ctx,
-                                    std::string* reason) const ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<Principal> Resolve(const grpc::ServerContextBase& ctx, std::string* reason) const
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   const bool enabled_;
   mutable absl::Mutex mu_;

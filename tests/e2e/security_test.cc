@@ -4,8 +4,6 @@
 // address with neither. Certificates are made by the test with `openssl`; every connection is to
 // 127.0.0.1.
 
-#include <sys/stat.h>
-
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -18,11 +16,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
-#include "client/cpp/dispatch_client.h"
-#include "dispatchd/v1/worker_service.grpc.pb.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include <sys/stat.h>
+
+#include "client/cpp/dispatch_client.h"
+#include "dispatchd/v1/worker_service.grpc.pb.h"
 #include "server/auth/grpc_auth.h"
 #include "tests/e2e/harness.h"
 #include "tests/testing/pg_test_db.h"
@@ -34,9 +34,8 @@ using ::testing::HasSubstr;
 
 // Runs `script` with bash in `dir`; fails the test with its output if it fails.
 void Shell(const TempDir& dir, const std::string& script) {
-  CommandResult r =
-      RunCommand({"/bin/bash", "-c", absl::StrCat("set -euo pipefail; cd ", dir.path(), "; ",
-                                                  script)});
+  CommandResult r = RunCommand(
+      {"/bin/bash", "-c", absl::StrCat("set -euo pipefail; cd ", dir.path(), "; ", script)});
   ASSERT_EQ(r.exit_code, 0) << script << "\n" << r.out << r.err;
 }
 
@@ -47,25 +46,25 @@ class Pki {
 
   // Makes CA `name` (name.pem, name.key).
   void MakeCa(const std::string& name) {
-    Shell(dir_, absl::StrCat("openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 "
-                             "-nodes -keyout ",
-                             name, ".key -out ", name, ".pem -days 2 -subj /CN=", name,
-                             " 2>/dev/null"));
+    Shell(dir_,
+          absl::StrCat("openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 "
+                       "-nodes -keyout ",
+                       name, ".key -out ", name, ".pem -days 2 -subj /CN=", name, " 2>/dev/null"));
   }
   // Makes `name`.pem/.key with common name `cn`, signed by `ca`; a server certificate also names
   // 127.0.0.1 and localhost.
   void MakeCert(const std::string& name, const std::string& cn, const std::string& ca,
                 bool server) {
-    Shell(dir_, absl::StrCat(
-                    "openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout ",
-                    name, ".key -out ", name, ".csr -subj /CN=", cn, " 2>/dev/null; ",
-                    server ? absl::StrCat("printf 'subjectAltName=IP:127.0.0.1,DNS:localhost' > ",
-                                          name, ".ext; ")
-                           : absl::StrCat("printf 'extendedKeyUsage=clientAuth' > ", name,
-                                          ".ext; "),
-                    "openssl x509 -req -in ", name, ".csr -CA ", ca, ".pem -CAkey ", ca,
-                    ".key -CAcreateserial -out ", name, ".pem -days 2 -extfile ", name,
-                    ".ext 2>/dev/null"));
+    Shell(dir_,
+          absl::StrCat(
+              "openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout ", name,
+              ".key -out ", name, ".csr -subj /CN=", cn, " 2>/dev/null; ",
+              server ? absl::StrCat("printf 'subjectAltName=IP:127.0.0.1,DNS:localhost' > ", name,
+                                    ".ext; ")
+                     : absl::StrCat("printf 'extendedKeyUsage=clientAuth' > ", name, ".ext; "),
+              "openssl x509 -req -in ", name, ".csr -CA ", ca, ".pem -CAkey ", ca,
+              ".key -CAcreateserial -out ", name, ".pem -days 2 -extfile ", name,
+              ".ext 2>/dev/null"));
   }
   std::string Path(const std::string& file) const { return dir_.File(file); }
 
@@ -109,8 +108,8 @@ class SecurityTest : public ::testing::Test {
       std::ofstream(dir_.File(e.name + ".token")) << token << "\n";
       const auth::TokenDigest d = auth::DigestOf(token);
       absl::StrAppend(&text, e.name, " ", e.role, " sha256:",
-                      absl::BytesToHexString(absl::string_view(
-                          reinterpret_cast<const char*>(d.data()), d.size())),
+                      absl::BytesToHexString(
+                          absl::string_view(reinterpret_cast<const char*>(d.data()), d.size())),
                       " ", e.options, "\n");
     }
     const std::string path = dir_.File("tokens");
@@ -121,18 +120,16 @@ class SecurityTest : public ::testing::Test {
   }
 
   // Starts the daemon with TLS (client certificates `client_auth`) and the tokens file.
-  void StartDaemon(const std::string& client_auth = "request",
-                   const std::string& refresh = "1m") {
+  void StartDaemon(const std::string& client_auth = "request", const std::string& refresh = "1m") {
     DaemonOptions options{.postgres_url = db_->url()};
     options.types = {};
-    options.extra_yaml = absl::StrCat(kEchoType, "tls:\n  cert_file: ", pki_.Path("server.pem"),
-                                      "\n  key_file: ", pki_.Path("server.key"),
-                                      "\n  client_ca_file: ", pki_.Path("ca.pem"),
-                                      "\n  client_auth: ", client_auth,
-                                      "\n  refresh_interval: ", refresh,
-                                      "\nauth:\n  tokens_file: ", dir_.File("tokens"),
-                                      "\n  certificates:\n    - name: alice-cert\n"
-                                      "      principal: alice\n      role: client\n");
+    options.extra_yaml = absl::StrCat(
+        kEchoType, "tls:\n  cert_file: ", pki_.Path("server.pem"),
+        "\n  key_file: ", pki_.Path("server.key"), "\n  client_ca_file: ", pki_.Path("ca.pem"),
+        "\n  client_auth: ", client_auth, "\n  refresh_interval: ", refresh,
+        "\nauth:\n  tokens_file: ", dir_.File("tokens"),
+        "\n  certificates:\n    - name: alice-cert\n"
+        "      principal: alice\n      role: client\n");
     absl::StatusOr<std::unique_ptr<Daemon>> d = Daemon::Start(options, dir_);
     ASSERT_TRUE(d.ok()) << d.status();
     daemon_ = *std::move(d);
@@ -248,9 +245,9 @@ TEST_F(SecurityTest, TokensAndRolesDecideWhoMayCallWhat) {
     auto channel = grpc::CreateChannel(daemon_->address(), grpc::SslCredentials(ssl));
     auto stub = v1::WorkerService::NewStub(channel);
     grpc::ClientContext ctx;
-    ctx.AddMetadata("authorization",
-                    absl::StrCat("Bearer ", absl::StripAsciiWhitespace(
-                                                ReadFile(dir_.File("alice.token")))));
+    ctx.AddMetadata(
+        "authorization",
+        absl::StrCat("Bearer ", absl::StripAsciiWhitespace(ReadFile(dir_.File("alice.token")))));
     auto stream = stub->Connect(&ctx);
     v1::DaemonMessage msg;
     EXPECT_FALSE(stream->Read(&msg));
@@ -260,8 +257,8 @@ TEST_F(SecurityTest, TokensAndRolesDecideWhoMayCallWhat) {
   }
   // A worker whose entry allows only echo may not serve another type: it stops, refused.
   {
-    std::vector<std::string> argv = {WorkerBin(), "--server", daemon_->address(), "--id", "w2",
-                                     "--types", "echo,other", "--echo"};
+    std::vector<std::string> argv = {WorkerBin(), "--server", daemon_->address(), "--id",
+                                     "w2",        "--types",  "echo,other",       "--echo"};
     for (const std::string& f : Flags("gpu")) argv.push_back(f);
     CommandResult r = RunCommand(argv, absl::Seconds(30));
     EXPECT_NE(r.exit_code, 0);
@@ -309,7 +306,8 @@ TEST_F(SecurityTest, AClientSeesWatchesAndCancelsOnlyItsOwnJobs) {
   // The same answer as for a job that does not exist: the id tells bob nothing.
   EXPECT_EQ(status.message(), absl::StrCat("job ", id, " not found"));
   EXPECT_EQ(Code(bob->Cancel(id).status()), absl::StatusCode::kNotFound);
-  EXPECT_EQ(Code(bob->Watch(id, [](const v1::Job&) {}, absl::Seconds(10))),
+  EXPECT_EQ(Code(bob->Watch(
+                id, [](const v1::Job&) {}, absl::Seconds(10))),
             absl::StatusCode::kNotFound);
   // A gateway is a caller like any other here.
   EXPECT_EQ(Code(As("front")->Status(id).status()), absl::StatusCode::kNotFound);
@@ -326,8 +324,8 @@ TEST_F(SecurityTest, AClientSeesWatchesAndCancelsOnlyItsOwnJobs) {
   EXPECT_TRUE(WaitFor(
       [&] {
         return daemon_->process().Log().find(absl::StrCat("action=cancel principal=ops role=admin "
-                                                          "job=", id, " owner=alice")) !=
-               std::string::npos;
+                                                          "job=",
+                                                          id, " owner=alice")) != std::string::npos;
       },
       absl::Seconds(10)))
       << daemon_->process().Log();
@@ -353,7 +351,8 @@ std::vector<std::string> ServedOrder(client::Client& admin, const std::vector<st
     absl::StatusOr<v1::Job> job = admin.Status(id);
     EXPECT_TRUE(job.ok()) << job.status();
     if (!job.ok()) continue;
-    const int64_t at = job->dispatched_at().seconds() * 1'000'000'000 + job->dispatched_at().nanos();
+    const int64_t at =
+        job->dispatched_at().seconds() * 1'000'000'000 + job->dispatched_at().nanos();
     served.emplace_back(at, field == "key" ? job->spec().fairness_key() : job->spec().payload());
   }
   std::sort(served.begin(), served.end());
@@ -403,8 +402,8 @@ TEST_F(SecurityTest, AClientCannotBuySharesWithFairnessKeysButAGatewayNamesEndUs
   std::vector<std::string> order = ServedOrder(*admin, ids, "payload");
   ASSERT_EQ(order.size(), 2u * kJobs);
   const int window = kJobs;  // both still have work throughout the first kJobs dispatches
-  const int alice_served = static_cast<int>(std::count(order.begin(), order.begin() + window,
-                                                       std::string("alice")));
+  const int alice_served =
+      static_cast<int>(std::count(order.begin(), order.begin() + window, std::string("alice")));
   EXPECT_NEAR(alice_served, window / 2, window / 10)
       << "alice got " << alice_served << " of the first " << window;
   // bob's keys were not his to choose: his jobs all queued under his name.
@@ -448,8 +447,7 @@ TEST_F(SecurityTest, CertificateRotationUnderLoadLosesNothing) {
     grpc::SslCredentialsOptions ssl{.pem_root_certs = ReadFile(pki_.Path("ca.pem"))};
     grpc::ChannelArguments args;
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);  // a new connection each time
-    auto channel =
-        grpc::CreateCustomChannel(daemon_->address(), grpc::SslCredentials(ssl), args);
+    auto channel = grpc::CreateCustomChannel(daemon_->address(), grpc::SslCredentials(ssl), args);
     auto stub = v1::JobService::NewStub(channel);
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
@@ -518,9 +516,9 @@ TEST_F(SecurityTest, TokensWorkOnLoopbackWithoutTlsAndEachCallIsCheckedAlone) {
   // dispatch-worker and dispatchctl need only the token.
   std::unique_ptr<Worker> worker = StartWorker("w1", "gpu", 1, {"--echo"});
   (void)worker;
-  CommandResult run = RunCommand({DispatchctlBin(), "--server", daemon_->address(), "--token-file",
-                                  dir_.File("alice.token"), "run", "--type", "echo",
-                                  "--payload", "hi"});
+  CommandResult run =
+      RunCommand({DispatchctlBin(), "--server", daemon_->address(), "--token-file",
+                  dir_.File("alice.token"), "run", "--type", "echo", "--payload", "hi"});
   EXPECT_EQ(run.exit_code, 0) << run.out << run.err;
   EXPECT_THAT(run.out, HasSubstr("hi"));  // the echoed result
 }

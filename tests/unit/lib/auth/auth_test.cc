@@ -3,6 +3,7 @@
 #include "absl/strings/escaping.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+
 #include "lib/auth/principal.h"
 #include "lib/auth/token_file.h"
 
@@ -12,7 +13,8 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-// Two digests, as `printf %s TOKEN | sha256sum` prints them; which tokens they hash does not matter.
+// Two digests, as `printf %s TOKEN | sha256sum` prints them; which tokens they hash does not
+// matter.
 constexpr char kAliceDigest[] = "2c5f2d5c1bd7ec9bc0e5d0ab3ef1a36c3b0e2f3bd8c1c9fd42eee1b4ad9e1e6c";
 constexpr char kGpuDigest[] = "9a7b1a1b3c2d4e5f60718293a4b5c6d7e8f90112233445566778899aabbccdde";
 
