@@ -73,23 +73,9 @@ absl::StatusOr<std::string> ChannelTarget(absl::string_view address) {
   return absl::StrCat("ipv4:", absl::StrJoin(parts, ","));
 }
 
-const char kDaemonServiceConfig[] = R"json({
-  "methodConfig": [{
-    "name": [{"service": "dispatchd.v1.JobService"}, {"service": "dispatchd.v1.AdminService"}],
-    "retryPolicy": {
-      "maxAttempts": 4,
-      "initialBackoff": "0.01s",
-      "maxBackoff": "0.1s",
-      "backoffMultiplier": 2,
-      "retryableStatusCodes": ["UNIMPLEMENTED"]
-    }
-  }]
-})json";
-
 grpc::ChannelArguments DaemonChannelArguments() {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);  // results are bounded by the daemon, not by gRPC's 4 MiB
-  args.SetServiceConfigJSON(kDaemonServiceConfig);
   return args;
 }
 

@@ -53,16 +53,8 @@ absl::Status FromGrpcStatus(const grpc::Status& status, const grpc::ClientContex
 // The gRPC target for `address`: itself, or "ipv4:a,b,..." for a list (see Client::Connect).
 absl::StatusOr<std::string> ChannelTarget(absl::string_view address);
 
-// The gRPC service config of a channel to dispatchd: JobService and AdminService calls answered
-// UNIMPLEMENTED are sent again, up to 4 attempts in all, at most 10, 20 and 40 ms apart (gRPC
-// draws each wait at random below its bound). gRPC 1.51 (Debian 12) now and then answers a call
-// of a method the daemon serves UNIMPLEMENTED, with no message, when many calls arrive at once;
-// the daemon's handler never saw such a call, so sending it again is safe. A method a daemon
-// really lacks costs the caller at most about 70 ms more.
-extern const char kDaemonServiceConfig[];
-
-// Channel arguments for a channel to dispatchd: kDaemonServiceConfig, and no gRPC limit on the
-// size of received messages (the daemon bounds them).
+// Channel arguments for a channel to dispatchd: no gRPC limit on the size of received messages
+// (the daemon bounds them).
 grpc::ChannelArguments DaemonChannelArguments();
 
 class Client {

@@ -32,6 +32,7 @@
 #include "server/dispatch/job_events.h"
 #include "server/embedded/embedded_postgres.h"
 #include "server/ha/leadership.h"
+#include "google/protobuf/stubs/logging.h"
 #include "server/auth/grpc_auth.h"
 #include "server/metrics/daemon_metrics.h"
 #include "server/metrics/http_server.h"
@@ -459,7 +460,27 @@ int Run(int argc, char** argv) {
 }  // namespace
 }  // namespace dispatchd
 
+namespace dispatchd {
+namespace {
+
+// protobuf logs an error for each string field that is not UTF-8 when it parses one; a client can
+// send such requests at will, and each is answered INVALID_ARGUMENT already, so its lines go to
+// the debug log. Fatal ones stay errors.
+void RouteProtobufLogs(google::protobuf::LogLevel level, const char* file, int line,
+                       const std::string& message) {
+  auto log = server::Log("protobuf");
+  if (level == google::protobuf::LOGLEVEL_FATAL) {
+    log->error("{}:{}: {}", file, line, message);
+  } else {
+    log->debug("{}:{}: {}", file, line, message);
+  }
+}
+
+}  // namespace
+}  // namespace dispatchd
+
 int main(int argc, char** argv) {
+  google::protobuf::SetLogHandler(&dispatchd::RouteProtobufLogs);
   // Abseil's lock-order graph costs a few percent of the daemon's CPU on every Mutex operation;
   // the tests, which link the same code without this main, keep it and catch cycles there.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);

@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 
 #include "lib/sched/scheduler.h"
+#include "server/rpc/raw_call.h"
 #include "server/util/grpc_status.h"
 #include "server/util/log.h"
 
@@ -116,24 +117,18 @@ grpc::Status NotLeader(const ha::LeaderInfo& leader) {
 
 }  // namespace
 
-std::optional<auth::Principal> AdminServiceImpl::Authorize(
-    grpc::CallbackServerContext* ctx, auth::Method method,
-    grpc::ServerUnaryReactor* reactor) const {
-  absl::StatusOr<auth::Principal> caller = gate_.Authorize(*ctx, method);
-  if (caller.ok()) return *std::move(caller);
-  reactor->Finish(server::ToGrpcStatus(caller.status()));
-  return std::nullopt;
-}
-
 grpc::ServerUnaryReactor* AdminServiceImpl::Stats(grpc::CallbackServerContext* ctx,
-                                                  const v1::StatsRequest*,
-                                                  v1::StatsResponse* resp) {
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+                                                  const grpc::ByteBuffer* request,
+                                                  grpc::ByteBuffer* response) {
+  bool parsed = false;
+  auto* reactor = StartUnary<v1::StatsRequest, v1::StatsResponse>(request, response, &parsed);
+  if (!parsed) return reactor;
+  v1::StatsResponse* resp = &reactor->response();
   if (!Authorize(ctx, auth::Method::kStats, reactor)) return reactor;
   executor_.Schedule([this, resp, reactor] {
     absl::StatusOr<std::vector<store::TypeStateCount>> counts = store_.CountByTypeAndState();
     if (!counts.ok()) {
-      reactor->Finish(server::ToGrpcStatus(counts.status()));
+      reactor->Reply(server::ToGrpcStatus(counts.status()));
       return;
     }
     std::map<std::string, v1::TypeStats> by_type;
@@ -180,98 +175,115 @@ grpc::ServerUnaryReactor* AdminServiceImpl::Stats(grpc::CallbackServerContext* c
       AddSchedulerStats(d->SchedulerStats(kMaxStatsKeys), kMaxStatsKeys, resp);
       resp->set_accounting_repairs(d->repairs());
     }
-    reactor->Finish(grpc::Status::OK);
+    reactor->Reply(grpc::Status::OK);
   });
   return reactor;
 }
 
 grpc::ServerUnaryReactor* AdminServiceImpl::ListWorkers(grpc::CallbackServerContext* ctx,
-                                                        const v1::ListWorkersRequest*,
-                                                        v1::ListWorkersResponse* resp) {
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+                                                        const grpc::ByteBuffer* request,
+                                                        grpc::ByteBuffer* response) {
+  bool parsed = false;
+  auto* reactor =
+      StartUnary<v1::ListWorkersRequest, v1::ListWorkersResponse>(request, response, &parsed);
+  if (!parsed) return reactor;
+  v1::ListWorkersResponse* resp = &reactor->response();
   if (!Authorize(ctx, auth::Method::kListWorkers, reactor)) return reactor;
   executor_.Schedule([this, resp, reactor] {
     std::shared_ptr<dispatch::Dispatcher> d = leadership_.dispatcher();
     if (d == nullptr) {
-      reactor->Finish(NotLeader(leadership_.leader()));
+      reactor->Reply(NotLeader(leadership_.leader()));
       return;
     }
     for (v1::WorkerInfo& w : d->Workers()) *resp->add_workers() = std::move(w);
-    reactor->Finish(grpc::Status::OK);
+    reactor->Reply(grpc::Status::OK);
   });
   return reactor;
 }
 
 grpc::ServerUnaryReactor* AdminServiceImpl::DrainWorker(grpc::CallbackServerContext* ctx,
-                                                        const v1::DrainWorkerRequest* req,
-                                                        v1::DrainWorkerResponse* resp) {
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+                                                        const grpc::ByteBuffer* request,
+                                                        grpc::ByteBuffer* response) {
+  bool parsed = false;
+  auto* reactor =
+      StartUnary<v1::DrainWorkerRequest, v1::DrainWorkerResponse>(request, response, &parsed);
+  if (!parsed) return reactor;
+  const v1::DrainWorkerRequest* req = &reactor->request();
+  v1::DrainWorkerResponse* resp = &reactor->response();
   std::optional<auth::Principal> caller = Authorize(ctx, auth::Method::kDrainWorker, reactor);
   if (!caller) return reactor;
   if (req->worker_id().empty()) {
-    reactor->Finish(
+    reactor->Reply(
         grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "worker_id: required (see ListWorkers)"));
     return reactor;
   }
   executor_.Schedule([this, req, resp, reactor, caller = *std::move(caller)] {
     std::shared_ptr<dispatch::Dispatcher> d = leadership_.dispatcher();
     if (d == nullptr) {
-      reactor->Finish(NotLeader(leadership_.leader()));
+      reactor->Reply(NotLeader(leadership_.leader()));
       return;
     }
     Audit(caller, "drain_worker", "worker={}", req->worker_id());
     std::optional<v1::WorkerInfo> worker = d->DrainWorker(req->worker_id());
     if (!worker.has_value()) {
-      reactor->Finish(grpc::Status(
-          grpc::StatusCode::NOT_FOUND,
-          absl::StrCat("worker_id: no connected worker \"", req->worker_id(), "\"")));
+      reactor->Reply(
+          grpc::Status(grpc::StatusCode::NOT_FOUND,
+                       absl::StrCat("worker_id: no connected worker \"", req->worker_id(), "\"")));
       return;
     }
     *resp->mutable_worker() = *std::move(worker);
-    reactor->Finish(grpc::Status::OK);
+    reactor->Reply(grpc::Status::OK);
   });
   return reactor;
 }
 
 grpc::ServerUnaryReactor* AdminServiceImpl::Reload(grpc::CallbackServerContext* ctx,
-                                                   const v1::ReloadRequest* /*req*/,
-                                                   v1::ReloadResponse* resp) {
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+                                                   const grpc::ByteBuffer* request,
+                                                   grpc::ByteBuffer* response) {
+  bool parsed = false;
+  auto* reactor = StartUnary<v1::ReloadRequest, v1::ReloadResponse>(request, response, &parsed);
+  if (!parsed) return reactor;
+  v1::ReloadResponse* resp = &reactor->response();
   std::optional<auth::Principal> caller = Authorize(ctx, auth::Method::kReload, reactor);
   if (!caller) return reactor;
   if (!reload_) {
-    reactor->Finish(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                                 "reload: this daemon has no config file"));
+    reactor->Reply(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                                "reload: this daemon has no config file"));
     return reactor;
   }
   executor_.Schedule([this, resp, reactor, caller = *std::move(caller)] {
     Audit(caller, "reload", "via=AdminService.Reload");
     absl::StatusOr<v1::ReloadResponse> done = reload_();
     if (!done.ok()) {
-      reactor->Finish(server::ToGrpcStatus(done.status()));
+      reactor->Reply(server::ToGrpcStatus(done.status()));
       return;
     }
     *resp = *std::move(done);
-    reactor->Finish(grpc::Status::OK);
+    reactor->Reply(grpc::Status::OK);
   });
   return reactor;
 }
 
 grpc::ServerUnaryReactor* AdminServiceImpl::SetRateLimit(grpc::CallbackServerContext* ctx,
-                                                         const v1::SetRateLimitRequest* req,
-                                                         v1::SetRateLimitResponse* resp) {
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+                                                         const grpc::ByteBuffer* request,
+                                                         grpc::ByteBuffer* response) {
+  bool parsed = false;
+  auto* reactor =
+      StartUnary<v1::SetRateLimitRequest, v1::SetRateLimitResponse>(request, response, &parsed);
+  if (!parsed) return reactor;
+  const v1::SetRateLimitRequest* req = &reactor->request();
+  v1::SetRateLimitResponse* resp = &reactor->response();
   std::optional<auth::Principal> caller = Authorize(ctx, auth::Method::kSetRateLimit, reactor);
   if (!caller) return reactor;
   absl::StatusOr<config::RateLimit> limit = ParseRateLimit(*req);
   if (!limit.ok()) {
-    reactor->Finish(server::ToGrpcStatus(limit.status()));
+    reactor->Reply(server::ToGrpcStatus(limit.status()));
     return reactor;
   }
   executor_.Schedule([this, req, resp, reactor, limit = *limit, caller = *std::move(caller)] {
     std::shared_ptr<dispatch::Dispatcher> d = leadership_.dispatcher();
     if (d == nullptr) {
-      reactor->Finish(NotLeader(leadership_.leader()));
+      reactor->Reply(NotLeader(leadership_.leader()));
       return;
     }
     Audit(caller, "set_rate_limit", "model={} rate_per_second={} burst={}", req->model(),
@@ -282,15 +294,15 @@ grpc::ServerUnaryReactor* AdminServiceImpl::SetRateLimit(grpc::CallbackServerCon
       for (const config::JobTypeConfig& t : config->types) configured.insert(t.rate_key());
       if (configured.contains(req->model())) {
         // Configured, yet the dispatcher did not apply it: the daemon is stopping.
-        reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                                     "the dispatcher did not apply the rate limit; try again"));
+        reactor->Reply(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                    "the dispatcher did not apply the rate limit; try again"));
         return;
       }
       std::vector<std::string> known(configured.begin(), configured.end());
       constexpr size_t kMaxNamed = 20;
       const bool more = known.size() > kMaxNamed;
       if (more) known.resize(kMaxNamed);
-      reactor->Finish(grpc::Status(
+      reactor->Reply(grpc::Status(
           grpc::StatusCode::NOT_FOUND,
           absl::StrCat("model: no configured type uses model \"", req->model(),
                        "\" (configured models, and types without one: ", absl::StrJoin(known, ", "),
@@ -300,7 +312,7 @@ grpc::ServerUnaryReactor* AdminServiceImpl::SetRateLimit(grpc::CallbackServerCon
     resp->set_model(req->model());
     resp->set_rate_per_second(limit.per_second);
     resp->set_burst(limit.limited() ? limit.burst : 0);
-    reactor->Finish(grpc::Status::OK);
+    reactor->Reply(grpc::Status::OK);
   });
   return reactor;
 }

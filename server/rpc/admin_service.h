@@ -19,7 +19,14 @@ namespace dispatchd::rpc {
 // standby answers ListWorkers and SetRateLimit UNAVAILABLE, naming the leader. Admins only; each
 // action that changes something (reload, drain, rate limit) leaves an audit line in the log.
 // Thread-safe.
-class AdminServiceImpl final : public v1::AdminService::CallbackService {
+// Every method takes raw bytes (see raw_call.h).
+using RawAdminService = v1::AdminService::WithRawCallbackMethod_Stats<
+    v1::AdminService::WithRawCallbackMethod_ListWorkers<
+        v1::AdminService::WithRawCallbackMethod_SetRateLimit<
+            v1::AdminService::WithRawCallbackMethod_DrainWorker<
+                v1::AdminService::WithRawCallbackMethod_Reload<v1::AdminService::Service>>>>>;
+
+class AdminServiceImpl final : public RawAdminService {
  public:
   // Re-reads the config file and applies it (the daemon's SIGHUP path); an error status when
   // the file is refused. Blocking; called on the executor.
@@ -35,27 +42,35 @@ class AdminServiceImpl final : public v1::AdminService::CallbackService {
         executor_(executor),
         reload_(std::move(reload)) {}
 
-  grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* ctx, const v1::StatsRequest* req,
-                                  v1::StatsResponse* resp) override;
+  grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* ctx,
+                                  const grpc::ByteBuffer* request,
+                                  grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* ListWorkers(grpc::CallbackServerContext* ctx,
-                                        const v1::ListWorkersRequest* req,
-                                        v1::ListWorkersResponse* resp) override;
+                                        const grpc::ByteBuffer* request,
+                                        grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* SetRateLimit(grpc::CallbackServerContext* ctx,
-                                         const v1::SetRateLimitRequest* req,
-                                         v1::SetRateLimitResponse* resp) override;
+                                         const grpc::ByteBuffer* request,
+                                         grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* DrainWorker(grpc::CallbackServerContext* ctx,
-                                        const v1::DrainWorkerRequest* req,
-                                        v1::DrainWorkerResponse* resp) override;
-  grpc::ServerUnaryReactor* Reload(grpc::CallbackServerContext* ctx, const v1::ReloadRequest* req,
-                                   v1::ReloadResponse* resp) override;
+                                        const grpc::ByteBuffer* request,
+                                        grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* Reload(grpc::CallbackServerContext* ctx,
+                                   const grpc::ByteBuffer* request,
+                                   grpc::ByteBuffer* response) override;
 
   // Fairness keys listed in a StatsResponse (the lowest-cost ones); `keys_total` counts all.
   static constexpr size_t kMaxStatsKeys = 100;
 
  private:
-  // The caller, if it may call `method`; else finishes `reactor` with the refusal.
+  // The caller, if it may call `method`; else answers `call` with the refusal.
+  template <typename Call>
   std::optional<auth::Principal> Authorize(grpc::CallbackServerContext* ctx, auth::Method method,
-                                           grpc::ServerUnaryReactor* reactor) const;
+                                           Call* call) const {
+    absl::StatusOr<auth::Principal> caller = gate_.Authorize(*ctx, method);
+    if (caller.ok()) return *std::move(caller);
+    call->Reply(caller.status());
+    return std::nullopt;
+  }
 
   const config::LiveConfig& config_;
   const auth::Gate& gate_;

@@ -22,6 +22,7 @@
 #include "lib/sched/scheduler.h"
 #include "server/convert/job_proto.h"
 #include "server/metrics/daemon_metrics.h"
+#include "server/rpc/raw_call.h"
 #include "server/util/grpc_status.h"
 #include "server/util/log.h"
 
@@ -163,70 +164,70 @@ void JobServiceImpl::Settle(std::vector<job::Job>& jobs,
   }
 }
 
-grpc::ServerUnaryReactor* JobServiceImpl::Queue(grpc::CallbackServerContext* ctx,
-                                                auth::Method method,
-                                                absl::Span<const v1::JobSpec* const> specs,
-                                                absl::string_view field_prefix, Answer answer) {
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  absl::StatusOr<auth::Principal> caller = gate_.Authorize(*ctx, method);
-  if (!caller.ok()) {
-    reactor->Finish(server::ToGrpcStatus(caller.status()));
-    return reactor;
-  }
+void JobServiceImpl::Queue(grpc::CallbackServerContext* ctx, const auth::Principal& caller,
+                           absl::Span<const v1::JobSpec* const> specs,
+                           absl::string_view field_prefix, Answer answer, Reply reply) {
   absl::Duration retry_after = absl::ZeroDuration();
   absl::StatusOr<std::vector<job::Job>> jobs =
-      Admit(specs, *caller, ctx->peer(), field_prefix, &retry_after);
+      Admit(specs, caller, ctx->peer(), field_prefix, &retry_after);
   if (!jobs.ok()) {
     if (absl::IsResourceExhausted(jobs.status())) {
       ctx->AddTrailingMetadata(kRetryAfterTrailer, RetryAfterMillis(retry_after));
     }
-    reactor->Finish(server::ToGrpcStatus(jobs.status()));
-    return reactor;
+    std::move(reply)(server::ToGrpcStatus(jobs.status()));
+    return;
   }
-  Enqueue(*std::move(jobs), [reactor, answer = std::move(answer)](
+  Enqueue(*std::move(jobs), [answer = std::move(answer), reply = std::move(reply)](
                                 absl::StatusOr<std::vector<store::InsertOutcome>> outcomes) mutable {
     if (outcomes.ok()) std::move(answer)(*outcomes);
-    reactor->Finish(server::ToGrpcStatus(outcomes.status()));
+    std::move(reply)(server::ToGrpcStatus(outcomes.status()));
   });
-  return reactor;
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::Submit(grpc::CallbackServerContext* ctx,
-                                                 const v1::SubmitRequest* req,
-                                                 v1::SubmitResponse* resp) {
-  const v1::JobSpec* spec = &req->spec();
-  return Queue(ctx, auth::Method::kSubmit, absl::MakeConstSpan(&spec, 1), "",
-               [resp](const std::vector<store::InsertOutcome>& outcomes) {
-                 resp->set_job_id(outcomes[0].job_id);
-                 resp->set_deduplicated(outcomes[0].deduplicated);
-               });
+                                                 const grpc::ByteBuffer* request,
+                                                 grpc::ByteBuffer* response) {
+  using Call = UnaryCall<v1::SubmitRequest, v1::SubmitResponse>;
+  return ServeUnary<v1::SubmitRequest, v1::SubmitResponse>(request, response, [&](Call* call) {
+    absl::StatusOr<auth::Principal> caller = gate_.Authorize(*ctx, auth::Method::kSubmit);
+    if (!caller.ok()) return call->Reply(caller.status());
+    const v1::JobSpec* spec = &call->request().spec();
+    Queue(
+        ctx, *caller, absl::MakeConstSpan(&spec, 1), "",
+        [call](const std::vector<store::InsertOutcome>& outcomes) {
+          call->response().set_job_id(outcomes[0].job_id);
+          call->response().set_deduplicated(outcomes[0].deduplicated);
+        },
+        [call](const grpc::Status& status) { call->Reply(status); });
+  });
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::SubmitBatch(grpc::CallbackServerContext* ctx,
-                                                      const v1::SubmitBatchRequest* req,
-                                                      v1::SubmitBatchResponse* resp) {
-  // Queue authorizes too; a caller that may not submit learns nothing of the batch's shape.
-  if (absl::Status s = gate_.Authorize(*ctx, auth::Method::kSubmitBatch).status(); !s.ok()) {
-    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-    reactor->Finish(server::ToGrpcStatus(s));
-    return reactor;
-  }
-  if (req->specs_size() < 1 || req->specs_size() > kMaxBatchSpecs) {
-    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-    reactor->Finish(grpc::Status(
-        grpc::StatusCode::INVALID_ARGUMENT,
-        absl::StrCat("specs: between 1 and ", kMaxBatchSpecs, " jobs, got ", req->specs_size())));
-    return reactor;
-  }
-  return Queue(ctx, auth::Method::kSubmitBatch,
-               absl::MakeConstSpan(req->specs().data(), req->specs_size()), "specs",
-               [resp](const std::vector<store::InsertOutcome>& outcomes) {
-                 for (const store::InsertOutcome& o : outcomes) {
-                   v1::SubmitResponse* r = resp->add_results();
-                   r->set_job_id(o.job_id);
-                   r->set_deduplicated(o.deduplicated);
-                 }
-               });
+                                                      const grpc::ByteBuffer* request,
+                                                      grpc::ByteBuffer* response) {
+  using Call = UnaryCall<v1::SubmitBatchRequest, v1::SubmitBatchResponse>;
+  return ServeUnary<v1::SubmitBatchRequest, v1::SubmitBatchResponse>(
+      request, response, [&](Call* call) {
+        // Authorized first: a caller that may not submit learns nothing of the batch's shape.
+        absl::StatusOr<auth::Principal> caller =
+            gate_.Authorize(*ctx, auth::Method::kSubmitBatch);
+        if (!caller.ok()) return call->Reply(caller.status());
+        const v1::SubmitBatchRequest& req = call->request();
+        if (req.specs_size() < 1 || req.specs_size() > kMaxBatchSpecs) {
+          return call->Reply(absl::InvalidArgumentError(absl::StrCat(
+              "specs: between 1 and ", kMaxBatchSpecs, " jobs, got ", req.specs_size())));
+        }
+        Queue(
+            ctx, *caller, absl::MakeConstSpan(req.specs().data(), req.specs_size()), "specs",
+            [call](const std::vector<store::InsertOutcome>& outcomes) {
+              for (const store::InsertOutcome& o : outcomes) {
+                v1::SubmitResponse* r = call->response().add_results();
+                r->set_job_id(o.job_id);
+                r->set_deduplicated(o.deduplicated);
+              }
+            },
+            [call](const grpc::Status& status) { call->Reply(status); });
+      });
 }
 
 namespace {
@@ -237,10 +238,15 @@ class RunSyncReactor final : public grpc::ServerUnaryReactor {
  public:
   RunSyncReactor(JobServiceImpl& service, store::JobStore& store, dispatch::JobEvents& events,
                  server::Executor& executor, grpc::CallbackServerContext* ctx,
-                 auth::Principal caller, const v1::RunSyncRequest* req, v1::RunSyncResponse* resp)
-      : store_(store), events_(events), executor_(executor), ctx_(ctx), resp_(resp) {
-    Run([this, &service, req, caller = std::move(caller), peer = ctx->peer()] {
-      Begin(service, *req, caller, peer);
+                 auth::Principal caller, v1::RunSyncRequest request, grpc::ByteBuffer* response)
+      : store_(store),
+        events_(events),
+        executor_(executor),
+        ctx_(ctx),
+        request_(std::move(request)),
+        raw_response_(response) {
+    Run([this, &service, caller = std::move(caller), peer = ctx->peer()] {
+      Begin(service, request_, caller, peer);
     });
   }
 
@@ -338,13 +344,14 @@ class RunSyncReactor final : public grpc::ServerUnaryReactor {
       return;
     }
     if (!job::IsTerminal(job->state) || finished_) return;
-    convert::ToProto(*job, resp_->mutable_job());
+    convert::ToProto(*job, response_.mutable_job());
     FinishLocked(grpc::Status::OK);
   }
 
   void FinishLocked(const grpc::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (finished_) return;
     finished_ = true;
+    if (status.ok()) SerializeTo(response_, raw_response_);
     Finish(status);
   }
 
@@ -352,7 +359,9 @@ class RunSyncReactor final : public grpc::ServerUnaryReactor {
   dispatch::JobEvents& events_;
   server::Executor& executor_;
   grpc::CallbackServerContext* const ctx_;
-  v1::RunSyncResponse* resp_;
+  const v1::RunSyncRequest request_;
+  grpc::ByteBuffer* const raw_response_;
+  v1::RunSyncResponse response_ ABSL_GUARDED_BY(mu_);
   std::atomic<uint64_t> token_ = 0;
 
   absl::Mutex mu_;
@@ -365,39 +374,43 @@ class RunSyncReactor final : public grpc::ServerUnaryReactor {
 }  // namespace
 
 grpc::ServerUnaryReactor* JobServiceImpl::RunSync(grpc::CallbackServerContext* ctx,
-                                                  const v1::RunSyncRequest* req,
-                                                  v1::RunSyncResponse* resp) {
+                                                  const grpc::ByteBuffer* request,
+                                                  grpc::ByteBuffer* response) {
+  v1::RunSyncRequest req;
+  absl::Status refused = ParseRequest(request, &req);
   absl::StatusOr<auth::Principal> caller = gate_.Authorize(*ctx, auth::Method::kRunSync);
-  if (!caller.ok()) {
+  if (!caller.ok()) refused = caller.status();
+  if (!refused.ok()) {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-    reactor->Finish(server::ToGrpcStatus(caller.status()));
+    reactor->Finish(server::ToGrpcStatus(refused));
     return reactor;
   }
-  return new RunSyncReactor(*this, store_, events_, executor_, ctx, *std::move(caller), req, resp);
+  return new RunSyncReactor(*this, store_, events_, executor_, ctx, *std::move(caller),
+                            std::move(req), response);
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::Status(grpc::CallbackServerContext* ctx,
-                                                 const v1::StatusRequest* req,
-                                                 v1::StatusResponse* resp) {
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  absl::StatusOr<auth::Principal> caller = gate_.Authorize(*ctx, auth::Method::kStatus);
-  if (!caller.ok()) {
-    reactor->Finish(server::ToGrpcStatus(caller.status()));
-    return reactor;
-  }
-  executor_.Schedule([this, req, resp, reactor, caller = *std::move(caller)] {
-    absl::Status status = CheckJobId(req->job_id(), "job_id");
-    if (status.ok()) {
-      absl::StatusOr<job::Job> job = GetAs(store_, caller, req->job_id());
-      if (job.ok()) {
-        convert::ToProto(*job, resp->mutable_job());
-        if (job->state == JobState::kQueued) AddWaitInfo(*job, resp->mutable_job());
+                                                 const grpc::ByteBuffer* request,
+                                                 grpc::ByteBuffer* response) {
+  using Call = UnaryCall<v1::StatusRequest, v1::StatusResponse>;
+  return ServeUnary<v1::StatusRequest, v1::StatusResponse>(request, response, [&](Call* call) {
+    absl::StatusOr<auth::Principal> caller = gate_.Authorize(*ctx, auth::Method::kStatus);
+    if (!caller.ok()) return call->Reply(caller.status());
+    executor_.Schedule([this, call, caller = *std::move(caller)] {
+      const std::string& id = call->request().job_id();
+      absl::Status status = CheckJobId(id, "job_id");
+      if (status.ok()) {
+        absl::StatusOr<job::Job> job = GetAs(store_, caller, id);
+        if (job.ok()) {
+          v1::Job* out = call->response().mutable_job();
+          convert::ToProto(*job, out);
+          if (job->state == JobState::kQueued) AddWaitInfo(*job, out);
+        }
+        status = job.status();
       }
-      status = job.status();
-    }
-    reactor->Finish(server::ToGrpcStatus(status));
+      call->Reply(status);
+    });
   });
-  return reactor;
 }
 
 void JobServiceImpl::AddWaitInfo(const job::Job& row, v1::Job* job) {
@@ -421,50 +434,53 @@ void JobServiceImpl::AddWaitInfo(const job::Job& row, v1::Job* job) {
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::Cancel(grpc::CallbackServerContext* ctx,
-                                                 const v1::CancelRequest* req,
-                                                 v1::CancelResponse* resp) {
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  absl::StatusOr<auth::Principal> caller = gate_.Authorize(*ctx, auth::Method::kCancel);
-  if (!caller.ok()) {
-    reactor->Finish(server::ToGrpcStatus(caller.status()));
-    return reactor;
-  }
-  executor_.Schedule([this, req, resp, reactor, caller = *std::move(caller)] {
-    absl::Status status = CheckJobId(req->job_id(), "job_id");
-    // Only an admin may cancel another's job; an owner never changes, so reading it first is
-    // enough.
-    if (status.ok() && caller.role != auth::Role::kAdmin) {
-      status = GetAs(store_, caller, req->job_id()).status();
-    }
-    if (status.ok()) {
-      absl::StatusOr<store::CancelOutcome> outcome = store_.Cancel(
-          req->job_id(), caller.authenticated
-                             ? absl::StrCat("cancelled by ", ToString(caller.role), " ",
-                                            caller.name)
-                             : std::string("cancelled by client"));
-      if (outcome.ok() && caller.authenticated && outcome->job.owner != caller.name) {
-        server::Log("audit")->info("action=cancel principal={} role={} job={} owner={}",
-                                   caller.name, ToString(caller.role), outcome->job.id,
-                                   outcome->job.owner);
-      }
-      if (outcome.ok()) {
-        dispatch::LogFinished(outcome->job.id, JobState::kCancelled, outcome->job.attempt);
-        if (std::shared_ptr<dispatch::Dispatcher> d = leadership_.dispatcher()) {
-          d->JobCancelled(outcome->job.id, outcome->previous);
-        } else {
-          if (absl::Status told = store_.NotifyChanged(outcome->job.id); !told.ok()) {
-            server::Log("grpc")->warn("could not notify the leader of job={}: {}", outcome->job.id,
-                                      told.message());
-          }
-          events_.Publish(outcome->job.id, JobState::kCancelled);
-        }
-        convert::ToProto(outcome->job, resp->mutable_job());
-      }
-      status = outcome.status();
-    }
-    reactor->Finish(server::ToGrpcStatus(status));
+                                                 const grpc::ByteBuffer* request,
+                                                 grpc::ByteBuffer* response) {
+  using Call = UnaryCall<v1::CancelRequest, v1::CancelResponse>;
+  return ServeUnary<v1::CancelRequest, v1::CancelResponse>(request, response, [&](Call* call) {
+    absl::StatusOr<auth::Principal> caller = gate_.Authorize(*ctx, auth::Method::kCancel);
+    if (!caller.ok()) return call->Reply(caller.status());
+    executor_.Schedule([this, call, caller = *std::move(caller)] { CancelAs(caller, call); });
   });
-  return reactor;
+}
+
+void JobServiceImpl::CancelAs(const auth::Principal& caller,
+                              UnaryCall<v1::CancelRequest, v1::CancelResponse>* call) {
+  const v1::CancelRequest* req = &call->request();
+  v1::CancelResponse* resp = &call->response();
+  absl::Status status = CheckJobId(req->job_id(), "job_id");
+  // Only an admin may cancel another's job; an owner never changes, so reading it first is
+  // enough.
+  if (status.ok() && caller.role != auth::Role::kAdmin) {
+    status = GetAs(store_, caller, req->job_id()).status();
+  }
+  if (status.ok()) {
+    absl::StatusOr<store::CancelOutcome> outcome = store_.Cancel(
+        req->job_id(), caller.authenticated
+                           ? absl::StrCat("cancelled by ", ToString(caller.role), " ",
+                                          caller.name)
+                           : std::string("cancelled by client"));
+    if (outcome.ok() && caller.authenticated && outcome->job.owner != caller.name) {
+      server::Log("audit")->info("action=cancel principal={} role={} job={} owner={}",
+                                 caller.name, ToString(caller.role), outcome->job.id,
+                                 outcome->job.owner);
+    }
+    if (outcome.ok()) {
+      dispatch::LogFinished(outcome->job.id, JobState::kCancelled, outcome->job.attempt);
+      if (std::shared_ptr<dispatch::Dispatcher> d = leadership_.dispatcher()) {
+        d->JobCancelled(outcome->job.id, outcome->previous);
+      } else {
+        if (absl::Status told = store_.NotifyChanged(outcome->job.id); !told.ok()) {
+          server::Log("grpc")->warn("could not notify the leader of job={}: {}", outcome->job.id,
+                                    told.message());
+        }
+        events_.Publish(outcome->job.id, JobState::kCancelled);
+      }
+      convert::ToProto(outcome->job, resp->mutable_job());
+    }
+    status = outcome.status();
+  }
+  call->Reply(status);
 }
 
 namespace {
@@ -472,8 +488,10 @@ namespace {
 // Watch: the job's current state, then one event per committed change, ending after a terminal
 // state. Each event re-reads the row, so a burst of changes may coalesce into fewer events, but
 // the last event is always the terminal record.
-class WatchReactor final : public grpc::ServerWriteReactor<v1::WatchEvent> {
+class WatchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
+  // A `caller` that is not OK (refused, or a request that did not parse) finishes the call at
+  // once with that status.
   WatchReactor(store::JobStore& store, dispatch::JobEvents& events, server::Executor& executor,
                absl::StatusOr<auth::Principal> caller, std::string job_id)
       : store_(store), events_(events), executor_(executor), job_id_(std::move(job_id)) {
@@ -547,7 +565,7 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::WatchEvent> {
   void WriteNextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (writing_ || finished_) return;
     if (!queue_.empty()) {
-      current_ = std::move(queue_.front());
+      SerializeTo(queue_.front(), &current_);
       queue_.pop_front();
       writing_ = true;
       StartWrite(&current_);
@@ -571,7 +589,7 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::WatchEvent> {
 
   absl::Mutex mu_;
   std::deque<v1::WatchEvent> queue_ ABSL_GUARDED_BY(mu_);
-  v1::WatchEvent current_ ABSL_GUARDED_BY(mu_);
+  grpc::ByteBuffer current_ ABSL_GUARDED_BY(mu_);  // the event being written
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   bool terminal_queued_ ABSL_GUARDED_BY(mu_) = false;
@@ -582,10 +600,14 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::WatchEvent> {
 
 }  // namespace
 
-grpc::ServerWriteReactor<v1::WatchEvent>* JobServiceImpl::Watch(grpc::CallbackServerContext* ctx,
-                                                               const v1::WatchRequest* req) {
-  return new WatchReactor(store_, events_, executor_, gate_.Authorize(*ctx, auth::Method::kWatch),
-                          req->job_id());
+grpc::ServerWriteReactor<grpc::ByteBuffer>* JobServiceImpl::Watch(
+    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request) {
+  v1::WatchRequest req;
+  absl::StatusOr<auth::Principal> caller = gate_.Authorize(*ctx, auth::Method::kWatch);
+  if (absl::Status parsed = ParseRequest(request, &req); caller.ok() && !parsed.ok()) {
+    caller = parsed;
+  }
+  return new WatchReactor(store_, events_, executor_, std::move(caller), req.job_id());
 }
 
 }  // namespace dispatchd::rpc

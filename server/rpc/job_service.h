@@ -16,6 +16,7 @@
 #include "server/dispatch/dispatcher.h"
 #include "server/dispatch/job_events.h"
 #include "server/ha/leadership.h"
+#include "server/rpc/raw_call.h"
 #include "server/store/group_inserter.h"
 #include "server/store/job_store.h"
 #include "server/util/executor.h"
@@ -30,7 +31,13 @@ namespace dispatchd::rpc {
 // (JobStore::NotifyChanged), and its RunSync and Watch calls learn of changes by polling. Store
 // calls run on `executor` or, for inserts, on the group inserter's threads, never on gRPC's
 // callback threads. Thread-safe.
-class JobServiceImpl final : public v1::JobService::CallbackService {
+// The generated service with every method taking raw bytes (see raw_call.h).
+using RawJobService = v1::JobService::WithRawCallbackMethod_Submit<
+    v1::JobService::WithRawCallbackMethod_SubmitBatch<v1::JobService::WithRawCallbackMethod_RunSync<
+        v1::JobService::WithRawCallbackMethod_Status<v1::JobService::WithRawCallbackMethod_Cancel<
+            v1::JobService::WithRawCallbackMethod_Watch<v1::JobService::Service>>>>>>;
+
+class JobServiceImpl final : public RawJobService {
  public:
   JobServiceImpl(const config::LiveConfig& config, const auth::Gate& gate, store::JobStore& store,
                  store::GroupInserter& inserter, ha::Leadership& leadership,
@@ -44,21 +51,23 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
         executor_(executor),
         clock_(clock) {}
 
-  grpc::ServerUnaryReactor* Submit(grpc::CallbackServerContext* ctx, const v1::SubmitRequest* req,
-                                   v1::SubmitResponse* resp) override;
-  grpc::ServerUnaryReactor* RunSync(grpc::CallbackServerContext* ctx,
-                                    const v1::RunSyncRequest* req,
-                                    v1::RunSyncResponse* resp) override;
-  grpc::ServerUnaryReactor* Status(grpc::CallbackServerContext* ctx, const v1::StatusRequest* req,
-                                   v1::StatusResponse* resp) override;
-  grpc::ServerUnaryReactor* Cancel(grpc::CallbackServerContext* ctx, const v1::CancelRequest* req,
-                                   v1::CancelResponse* resp) override;
-  grpc::ServerWriteReactor<v1::WatchEvent>* Watch(grpc::CallbackServerContext* ctx,
-                                                  const v1::WatchRequest* req) override;
-
+  grpc::ServerUnaryReactor* Submit(grpc::CallbackServerContext* ctx,
+                                   const grpc::ByteBuffer* request,
+                                   grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* SubmitBatch(grpc::CallbackServerContext* ctx,
-                                        const v1::SubmitBatchRequest* req,
-                                        v1::SubmitBatchResponse* resp) override;
+                                        const grpc::ByteBuffer* request,
+                                        grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* RunSync(grpc::CallbackServerContext* ctx,
+                                    const grpc::ByteBuffer* request,
+                                    grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* Status(grpc::CallbackServerContext* ctx,
+                                   const grpc::ByteBuffer* request,
+                                   grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* Cancel(grpc::CallbackServerContext* ctx,
+                                   const grpc::ByteBuffer* request,
+                                   grpc::ByteBuffer* response) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Watch(grpc::CallbackServerContext* ctx,
+                                                    const grpc::ByteBuffer* request) override;
 
   // The shared first half of Submit, SubmitBatch and RunSync, in two steps.
   //
@@ -86,12 +95,16 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
  private:
   // Fills wait_reason, queue_position and keys_ahead of QUEUED `row` in `job`.
   void AddWaitInfo(const job::Job& row, v1::Job* job);
-  // Submit and SubmitBatch: admits `specs`, enqueues them and finishes the call; `answer` fills
-  // the response from the outcomes once they are committed.
+  // Submit and SubmitBatch: admits `specs` as `caller`'s, enqueues them and finishes the call
+  // with `reply`; `answer` fills the response from the outcomes once they are committed.
   using Answer = absl::AnyInvocable<void(const std::vector<store::InsertOutcome>&) &&>;
-  grpc::ServerUnaryReactor* Queue(grpc::CallbackServerContext* ctx, auth::Method method,
-                                  absl::Span<const v1::JobSpec* const> specs,
-                                  absl::string_view field_prefix, Answer answer);
+  using Reply = absl::AnyInvocable<void(const grpc::Status&) &&>;
+  void Queue(grpc::CallbackServerContext* ctx, const auth::Principal& caller,
+             absl::Span<const v1::JobSpec* const> specs, absl::string_view field_prefix,
+             Answer answer, Reply reply);
+  // Cancel's work, on the executor.
+  void CancelAs(const auth::Principal& caller,
+                UnaryCall<v1::CancelRequest, v1::CancelResponse>* call);
   // Settles the admission reservations of `jobs` after their insert; see Enqueue.
   void Settle(std::vector<job::Job>& jobs,
               const absl::StatusOr<std::vector<store::InsertOutcome>>& outcomes, bool notified);

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "server/rpc/raw_call.h"
 #include "server/util/grpc_status.h"
 #include "server/util/log.h"
 
@@ -37,7 +38,7 @@ class StreamLink final : public dispatch::WorkerLink {
   const std::string peer_;
 };
 
-class WorkerStream final : public grpc::ServerBidiReactor<v1::WorkerMessage, v1::DaemonMessage> {
+class WorkerStream final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   WorkerStream(ha::Leadership& leadership, std::string peer,
                absl::StatusOr<auth::Principal> caller)
@@ -47,13 +48,20 @@ class WorkerStream final : public grpc::ServerBidiReactor<v1::WorkerMessage, v1:
       return;
     }
     caller_ = *std::move(caller);
-    StartRead(&in_);
+    StartRead(&raw_in_);
   }
 
   void OnReadDone(bool ok) override {
     if (!ok) {
       if (said_hello_) dispatcher_->WorkerDisconnected(link_);
       Close(absl::OkStatus());
+      return;
+    }
+    if (absl::Status parsed = ParseRequest(&raw_in_, &in_); !parsed.ok()) {
+      server::Log("grpc")->warn("worker stream refused peer={} error=\"{}\"", link_->peer(),
+                                parsed.message());
+      if (said_hello_) dispatcher_->WorkerDisconnected(link_);
+      Close(parsed);
       return;
     }
     if (!said_hello_) {
@@ -87,11 +95,11 @@ class WorkerStream final : public grpc::ServerBidiReactor<v1::WorkerMessage, v1:
       dispatcher_->WorkerMessage(link_, std::move(in_));
     }
     in_.Clear();
-    StartRead(&in_);
+    StartRead(&raw_in_);
   }
 
   void OnWriteDone(bool ok) override {
-    const v1::DaemonMessage* next = nullptr;
+    const grpc::ByteBuffer* next = nullptr;
     bool finish = false;
     {
       absl::MutexLock l(&mu_);
@@ -132,12 +140,14 @@ class WorkerStream final : public grpc::ServerBidiReactor<v1::WorkerMessage, v1:
     Close(absl::UnavailableError(message));
   }
 
-  void Send(v1::DaemonMessage msg) {
-    const v1::DaemonMessage* first = nullptr;
+  void Send(const v1::DaemonMessage& msg) {
+    const grpc::ByteBuffer* first = nullptr;
+    grpc::ByteBuffer raw;
+    SerializeTo(msg, &raw);
     {
       absl::MutexLock l(&mu_);
       if (close_requested_) return;
-      out_.push_back(std::move(msg));
+      out_.push_back(std::move(raw));
       if (!writing_) {
         writing_ = true;
         first = &out_.front();
@@ -166,11 +176,12 @@ class WorkerStream final : public grpc::ServerBidiReactor<v1::WorkerMessage, v1:
   std::shared_ptr<dispatch::Dispatcher> dispatcher_;  // the term this stream said Hello to
   std::shared_ptr<StreamLink> link_;
   auth::Principal caller_;  // set before the first read
-  v1::WorkerMessage in_;  // touched only by the read chain
+  grpc::ByteBuffer raw_in_;  // touched only by the read chain
+  v1::WorkerMessage in_;      // raw_in_ parsed
   bool said_hello_ = false;
 
   absl::Mutex mu_;
-  std::deque<v1::DaemonMessage> out_ ABSL_GUARDED_BY(mu_);  // front is being written
+  std::deque<grpc::ByteBuffer> out_ ABSL_GUARDED_BY(mu_);  // front is being written
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool close_requested_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
@@ -205,7 +216,7 @@ absl::Status CheckHello(const v1::Hello& hello) {
   return absl::OkStatus();
 }
 
-grpc::ServerBidiReactor<v1::WorkerMessage, v1::DaemonMessage>* WorkerServiceImpl::Connect(
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* WorkerServiceImpl::Connect(
     grpc::CallbackServerContext* ctx) {
   return new WorkerStream(leadership_, ctx->peer(),
                           gate_.Authorize(*ctx, auth::Method::kConnect));

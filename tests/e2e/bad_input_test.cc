@@ -1,10 +1,14 @@
 // Bad input gets a clear error naming what is wrong, and the daemon keeps serving.
 
 #include <fstream>
+#include <future>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
+#include "dispatchd/v1/worker_service.grpc.pb.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tests/e2e/harness.h"
 #include "tests/testing/pg_test_db.h"
@@ -128,6 +132,76 @@ TEST_F(BadInputTest, UnknownJobIdIsNotFound) {
   CommandResult r = daemon_->Ctl({"status", "j_doesnotexist"});
   EXPECT_EQ(r.exit_code, 5) << r.out << r.err;
   EXPECT_THAT(r.err, HasSubstr("NOT_FOUND"));
+}
+
+// A raw unary call of `method` with `body` as the request bytes.
+grpc::Status RawCall(const std::string& address, const std::string& method,
+                     const std::string& body) {
+  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  grpc::Slice slice(body);
+  grpc::ByteBuffer request(&slice, 1);
+  grpc::ByteBuffer response;
+  std::promise<grpc::Status> done;
+  stub.UnaryCall(&ctx, method, grpc::StubOptions(), &request, &response,
+                 [&done](grpc::Status s) { done.set_value(std::move(s)); });
+  return done.get_future().get();
+}
+
+// A body that is not protobuf, or a string field that is not UTF-8, reaches the daemon's handler
+// and is named: never UNIMPLEMENTED, for unary, server-streaming and bidi methods alike.
+TEST_F(BadInputTest, MalformedBodiesAndInvalidUtf8AreInvalidArgumentNamingTheProblem) {
+  for (const std::string& garbage :
+       {std::string("\xff\xff\xff\xff"), std::string("\x0a\x05" "ab"), std::string(64, '\x07')}) {
+    for (const char* method :
+         {"/dispatchd.v1.JobService/Submit", "/dispatchd.v1.JobService/SubmitBatch",
+          "/dispatchd.v1.JobService/RunSync", "/dispatchd.v1.JobService/Status",
+          "/dispatchd.v1.JobService/Cancel", "/dispatchd.v1.AdminService/Stats",
+          "/dispatchd.v1.AdminService/Reload"}) {
+      grpc::Status s = RawCall(daemon_->address(), method, garbage);
+      EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << method << " "
+                                                                     << s.error_message();
+      EXPECT_THAT(s.error_message(), HasSubstr("malformed protobuf")) << method;
+    }
+  }
+  // A Submit whose spec.type is not UTF-8 (field 1 of field 1).
+  grpc::Status utf8 =
+      RawCall(daemon_->address(), "/dispatchd.v1.JobService/Submit", "\x0a\x04\x0a\x02\xc3\x28");
+  EXPECT_EQ(utf8.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(utf8.error_message(), HasSubstr("spec.type: not valid UTF-8"));
+  // Watch, server-streaming: the job id is not UTF-8.
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::WatchRequest req;
+    req.set_job_id("j_\xff\xfe");
+    auto reader = daemon_->jobs().Watch(&ctx, req);
+    v1::WatchEvent event;
+    EXPECT_FALSE(reader->Read(&event));
+    grpc::Status s = reader->Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+    EXPECT_THAT(s.error_message(), HasSubstr("job_id: not valid UTF-8"));
+  }
+  // Connect, bidi: a Hello whose worker id is not UTF-8 ends the stream naming it.
+  {
+    auto channel = grpc::CreateChannel(daemon_->address(), grpc::InsecureChannelCredentials());
+    auto stub = v1::WorkerService::NewStub(channel);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    auto stream = stub->Connect(&ctx);
+    v1::WorkerMessage hello;
+    hello.mutable_hello()->set_worker_id("w\xc0\xaf");
+    hello.mutable_hello()->add_types("echo");
+    hello.mutable_hello()->set_slots(1);
+    stream->Write(hello);
+    v1::DaemonMessage msg;
+    EXPECT_FALSE(stream->Read(&msg));
+    grpc::Status s = stream->Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+    EXPECT_THAT(s.error_message(), HasSubstr("hello.worker_id: not valid UTF-8"));
+  }
 }
 
 TEST_F(BadInputTest, WorkerWithoutTypesIsRefusedByName) {

@@ -1,7 +1,6 @@
 """dispatchd.Client: JobService over gRPC with deadlines, and errors that say what to do next."""
 
 import datetime
-import json
 
 import grpc
 from google.protobuf import duration_pb2, timestamp_pb2
@@ -11,15 +10,6 @@ from dispatchd.v1 import job_pb2, job_service_pb2, job_service_pb2_grpc
 
 # The daemon's hint, on RESOURCE_EXHAUSTED, of when to try again.
 RETRY_AFTER_TRAILER = "retry-after-ms"
-
-# The channel's gRPC service config, as the C++ client's (client/cpp/dispatch_client.h,
-# kDaemonServiceConfig): a call answered UNIMPLEMENTED is sent again, up to 4 attempts. gRPC 1.51
-# servers now and then answer a served method so under a burst of calls, before its handler ran.
-SERVICE_CONFIG = json.dumps({"methodConfig": [{
-    "name": [{"service": "dispatchd.v1.JobService"}, {"service": "dispatchd.v1.AdminService"}],
-    "retryPolicy": {"maxAttempts": 4, "initialBackoff": "0.01s", "maxBackoff": "0.1s",
-                    "backoffMultiplier": 2, "retryableStatusCodes": ["UNIMPLEMENTED"]},
-}]})
 
 TERMINAL_STATES = frozenset({
     job_pb2.JOB_STATE_SUCCEEDED,
@@ -101,7 +91,6 @@ class Client:
         security = security or Security()
         self._metadata = security.metadata()
         self._channel = security.channel(address, [
-            ("grpc.service_config", SERVICE_CONFIG),
             ("grpc.max_receive_message_length", -1),
         ])
         self._jobs = job_service_pb2_grpc.JobServiceStub(self._channel)

@@ -109,7 +109,6 @@ class ClientTest(unittest.TestCase):
         import server_reflection_pb2 as rpb
         import server_reflection_pb2_grpc as rpb_grpc
         with grpc.insecure_channel(self.fx.address) as channel:
-            # (Not JobService or AdminService: dispatchd.client.SERVICE_CONFIG does not apply.)
             stub = rpb_grpc.ServerReflectionStub(channel)
             answers = list(stub.ServerReflectionInfo(iter([
                 rpb.ServerReflectionRequest(list_services=""),

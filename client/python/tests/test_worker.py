@@ -189,8 +189,7 @@ class WorkerTest(unittest.TestCase):
 
     def _workers(self):
         from dispatchd.v1 import admin_service_pb2, admin_service_pb2_grpc
-        with grpc.insecure_channel(self.fx.address, options=[
-                ("grpc.service_config", dispatchd.client.SERVICE_CONFIG)]) as channel:
+        with grpc.insecure_channel(self.fx.address) as channel:
             return admin_service_pb2_grpc.AdminServiceStub(channel).ListWorkers(
                 admin_service_pb2.ListWorkersRequest(), timeout=10).workers
 
