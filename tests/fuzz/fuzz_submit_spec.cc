@@ -1,24 +1,31 @@
-// libFuzzer target: a client's Submit request, as bytes off the wire, through the checks the
-// daemon runs before it writes a row (JobServiceImpl::Admit in server/rpc/job_service.cc):
-// parse as dispatchd.v1.SubmitRequest, convert::FromProto, then sched::ResolveSpec against a
-// fixed config. Hostile input must give a Status, never a crash, a leak or undefined behaviour;
-// and a spec that passes must hold what the rest of the daemon relies on (checked below).
+// libFuzzer target: a client's Submit request, as bytes off the wire, through what the daemon
+// runs before it writes a row: rpc::ParseRequest (server/rpc/raw_call.cc, as every method of
+// the services parses its request), then JobServiceImpl::Admit's checks (server/rpc/
+// job_service.cc): convert::FromProto, the fairness key auth::FairnessKeyFor gives the caller,
+// and sched::ResolveSpec against a fixed config. Hostile input must give INVALID_ARGUMENT, never
+// a crash, a leak or undefined behaviour; and a spec that passes must hold what the rest of the
+// daemon relies on (checked below) for a caller of each kind.
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "google/protobuf/stubs/common.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/slice.h"
 
 #include "dispatchd/v1/job_service.pb.h"
+#include "lib/auth/principal.h"
 #include "lib/config/config.h"
 #include "lib/job/job.h"
 #include "lib/sched/admission.h"
 #include "lib/util/check.h"
 #include "server/config/yaml_config.h"
 #include "server/convert/job_proto.h"
+#include "server/rpc/raw_call.h"
 
 namespace {
 
@@ -45,6 +52,16 @@ types:
 
 // What PeerIdentity(ctx->peer()) gives Admit for a TCP client.
 constexpr char kPeer[] = "ipv4:127.0.0.1";
+
+// A daemon without authentication, a client and a gateway (which may name the fairness key).
+const std::vector<dispatchd::auth::Principal>& Callers() {
+  static const auto* const callers = new std::vector<dispatchd::auth::Principal>{
+      dispatchd::auth::Principal::Local(),
+      {.name = "team-a", .role = dispatchd::auth::Role::kClient},
+      {.name = "frontend", .role = dispatchd::auth::Role::kGateway},
+  };
+  return *callers;
+}
 
 const Config& FuzzConfig() {
   static const Config* const config = [] {
@@ -88,32 +105,24 @@ void CheckAdmitted(const Config& config, const dispatchd::job::JobSpec& spec) {
   }
 }
 
-}  // namespace
-
-extern "C" int LLVMFuzzerInitialize(int* /*argc*/, char*** /*argv*/) {
-  // protobuf logs each string field with invalid UTF-8; the parse result is what counts.
-  google::protobuf::SetLogHandler(nullptr);
-  FuzzConfig();
-  return 0;
-}
-
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  dispatchd::v1::SubmitRequest request;
-  // gRPC refuses a request that does not parse before the handler runs.
-  if (!request.ParseFromArray(data, static_cast<int>(size))) return 0;
-
+// Admit's checks of one spec for one caller, and what an admitted spec must hold.
+void CheckSpec(const dispatchd::v1::JobSpec& wire_spec, const dispatchd::auth::Principal& caller) {
   const Config& config = FuzzConfig();
-  absl::StatusOr<dispatchd::job::JobSpec> spec = dispatchd::convert::FromProto(request.spec());
+  absl::StatusOr<dispatchd::job::JobSpec> spec = dispatchd::convert::FromProto(wire_spec);
   if (spec.ok()) {
+    spec->fairness_key = dispatchd::auth::FairnessKeyFor(caller, spec->fairness_key);
     if (spec->fairness_key.empty()) spec->fairness_key = kPeer;
     spec = dispatchd::sched::ResolveSpec(config, *std::move(spec));
   }
   if (!spec.ok()) {
     DISPATCHD_CHECK(absl::IsInvalidArgument(spec.status()),
                     "a refusal that is not INVALID_ARGUMENT");
-    return 0;
+    return;
   }
   CheckAdmitted(config, *spec);
+  if (caller.authenticated && caller.role == dispatchd::auth::Role::kClient) {
+    DISPATCHD_CHECK(spec->fairness_key == caller.name, "a client chose its own fairness key");
+  }
 
   // The admitted spec goes back on the wire (Status, Watch, RunSync): it must read back the same.
   dispatchd::v1::JobSpec wire;
@@ -126,5 +135,31 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // Times travel in whole microseconds, as PostgreSQL keeps them.
   DISPATCHD_CHECK(absl::ToUnixMicros(again->not_before) == absl::ToUnixMicros(spec->not_before),
                   "not_before changed on the wire");
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerInitialize(int* /*argc*/, char*** /*argv*/) {
+  // protobuf logs each string field with invalid UTF-8; the parse result is what counts.
+  google::protobuf::SetLogHandler(nullptr);
+  FuzzConfig();
+  Callers();
+  return 0;
+}
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  // The request as gRPC hands it to the method: a byte buffer.
+  grpc::Slice slice(data, size);
+  grpc::ByteBuffer raw(&slice, 1);
+  dispatchd::v1::SubmitRequest request;
+  if (absl::Status parsed = dispatchd::rpc::ParseRequest(&raw, &request); !parsed.ok()) {
+    DISPATCHD_CHECK(absl::IsInvalidArgument(parsed),
+                    "a request that does not parse is not INVALID_ARGUMENT");
+    dispatchd::v1::SubmitRequest direct;
+    DISPATCHD_CHECK(!direct.ParseFromArray(data, static_cast<int>(size)),
+                    "ParseRequest refused a request protobuf parses");
+    return 0;
+  }
+  for (const dispatchd::auth::Principal& caller : Callers()) CheckSpec(request.spec(), caller);
   return 0;
 }
