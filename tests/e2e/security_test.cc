@@ -343,7 +343,22 @@ TEST_F(SecurityTest, AClientSeesWatchesAndCancelsOnlyItsOwnJobs) {
   EXPECT_FALSE(b1->deduplicated());
 }
 
-// Jobs of `ids` in the order a one-slot worker started them, as the owner of each.
+// Waits until `n` jobs have succeeded, as the admin's Stats counts them (the harness's own stubs
+// have no credentials).
+bool WaitForSucceeded(client::Client& admin, int64_t n) {
+  return WaitFor(
+      [&] {
+        absl::StatusOr<v1::StatsResponse> s = admin.Stats();
+        if (!s.ok()) return false;
+        int64_t succeeded = 0;
+        for (const v1::TypeStats& t : s->types()) succeeded += t.succeeded();
+        return succeeded >= n;
+      },
+      absl::Seconds(120));
+}
+
+// The jobs of `ids` in the order they were dispatched, each shown by its payload (`field`
+// "payload") or its fairness key ("key").
 std::vector<std::string> ServedOrder(client::Client& admin, const std::vector<std::string>& ids,
                                      const std::string& field) {
   std::vector<std::pair<int64_t, std::string>> served;
@@ -387,17 +402,7 @@ TEST_F(SecurityTest, AClientCannotBuySharesWithFairnessKeysButAGatewayNamesEndUs
   }
   std::unique_ptr<client::Client> admin = As("ops");
   std::unique_ptr<Worker> worker = StartWorker("w1", "gpu", 1, {"--echo"});
-  std::vector<v1::Job> done;
-  // Wait through the admin's eyes (the harness's own stubs have no credentials).
-  ASSERT_TRUE(WaitFor(
-      [&] {
-        absl::StatusOr<v1::StatsResponse> s = admin->Stats();
-        if (!s.ok()) return false;
-        int64_t succeeded = 0;
-        for (const v1::TypeStats& t : s->types()) succeeded += t.succeeded();
-        return succeeded >= 2 * kJobs;
-      },
-      absl::Seconds(120)));
+  ASSERT_TRUE(WaitForSucceeded(*admin, 2 * kJobs));
   // While both were backlogged (the first half of the run), each got half.
   std::vector<std::string> order = ServedOrder(*admin, ids, "payload");
   ASSERT_EQ(order.size(), 2u * kJobs);
@@ -416,15 +421,7 @@ TEST_F(SecurityTest, AClientCannotBuySharesWithFairnessKeysButAGatewayNamesEndUs
   absl::StatusOr<v1::SubmitBatchResponse> g = As("front")->SubmitBatch(gateway_specs);
   ASSERT_TRUE(g.ok()) << g.status();
   for (const v1::SubmitResponse& s : g->results()) gateway_ids.push_back(s.job_id());
-  ASSERT_TRUE(WaitFor(
-      [&] {
-        absl::StatusOr<v1::StatsResponse> s = admin->Stats();
-        if (!s.ok()) return false;
-        int64_t succeeded = 0;
-        for (const v1::TypeStats& t : s->types()) succeeded += t.succeeded();
-        return succeeded >= 3 * kJobs;
-      },
-      absl::Seconds(120)));
+  ASSERT_TRUE(WaitForSucceeded(*admin, 3 * kJobs));
   std::vector<std::string> keys = ServedOrder(*admin, gateway_ids, "key");
   const int u2_jobs = kJobs / 3;
   const int both = 2 * u2_jobs;  // u2 runs out after about this many dispatches
