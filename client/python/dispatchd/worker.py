@@ -177,6 +177,10 @@ class _Session:
         self._ended = False  # the call is over: nothing more is sent
         self._call = None
         self._cancelled = False
+        # Freeze detection (see Worker._frozen_locked), under the worker's lock: when the session
+        # timer last came round, and whether it found it had not for too long.
+        self.last_tick = None
+        self.suspect = False
 
     def write(self, message, on_sent=None):
         """Queues a message; False once the session is closed (the caller relies on a resend
@@ -639,8 +643,32 @@ class Worker:
         if draining:
             session.write(pb.WorkerMessage(draining=pb.Draining()))
 
+    def _frozen_locked(self, session):
+        """True if this process was stopped (SIGSTOP, a paused VM) for longer than the heartbeat
+        interval allows since the session timer last came round: the daemon may have declared
+        this worker lost and given its new attempts to another, so the stream cannot be trusted
+        to start anything. Whichever of the reader and the timer wakes first sees it."""
+        if session.suspect:
+            return True
+        if session.last_tick is None:
+            return False
+        limit = max(2 * self._heartbeat_interval, 1.0)
+        return time.monotonic() - session.last_tick > limit
+
     def _handle_assign(self, session, assign):
         answers = []  # (assignment, message, new _RunningJob or None, result to resend or None)
+        with self._cv:
+            if self._frozen_locked(session):
+                session.suspect = True
+                _log.warning("worker=%s was frozen: not starting %d assigned job(s) from before",
+                             self.worker_id, len(assign.assignments))
+                frozen = True
+            else:
+                frozen = False
+        if frozen:
+            # The daemon offers them again (to this worker after it reconnects, or another).
+            session.cancel()
+            return
         with self._cv:
             for a in assign.assignments:
                 key = (a.job_id, a.attempt)
@@ -765,6 +793,8 @@ class Worker:
                              self.worker_id)
                 session.cancel()
                 return
+        with self._cv:
+            session.last_tick = time.monotonic()
         while True:
             with self._cv:
                 self._cv.wait_for(lambda: (self._session is not session or self._shutdown or
@@ -772,8 +802,18 @@ class Worker:
                                   self._heartbeat_interval)
                 if self._session is not session or self._shutdown:
                     return
+                if self._frozen_locked(session):
+                    session.suspect = True
+                session.last_tick = time.monotonic()
+                suspect = session.suspect
                 drained = self._drain_done_locked()
-                heartbeat = None if drained else self._heartbeat_locked()
+                heartbeat = None if drained or suspect else self._heartbeat_locked()
+            if suspect:
+                _log.warning("worker=%s was frozen for longer than its heartbeats allow: "
+                             "dropping the stream, the next Hello reports what still runs",
+                             self.worker_id)
+                session.cancel()
+                return
             if drained:
                 _log.info("drained worker=%s: closing the stream", self.worker_id)
                 # drain() announces itself too, but may lose the race with this thread.
