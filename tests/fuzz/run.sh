@@ -20,7 +20,7 @@ cd "$ROOT"
 BUILD_DIR=${FUZZ_BUILD_DIR:-build-fuzz}
 SECONDS_PER_TARGET=${FUZZ_SECONDS:-60}
 JOBS=${JOBS:-$(nproc)}
-ALL_TARGETS=(fuzz_submit_spec fuzz_config)
+ALL_TARGETS=(fuzz_submit_spec fuzz_config fuzz_token_file)
 
 install=1
 targets=()
