@@ -7,9 +7,9 @@
 namespace dispatchd::auth {
 namespace {
 
-enum class Service { kJob, kWorker, kAdmin };
+enum class Api { kJob, kWorker, kAdmin };
 
-Service ServiceOf(Method method) {
+Api ApiOf(Method method) {
   switch (method) {
     case Method::kSubmit:
     case Method::kSubmitBatch:
@@ -17,17 +17,17 @@ Service ServiceOf(Method method) {
     case Method::kStatus:
     case Method::kCancel:
     case Method::kWatch:
-      return Service::kJob;
+      return Api::kJob;
     case Method::kConnect:
-      return Service::kWorker;
+      return Api::kWorker;
     case Method::kStats:
     case Method::kListWorkers:
     case Method::kSetRateLimit:
     case Method::kDrainWorker:
     case Method::kReload:
-      return Service::kAdmin;
+      return Api::kAdmin;
   }
-  return Service::kAdmin;
+  return Api::kAdmin;
 }
 
 }  // namespace
@@ -90,15 +90,15 @@ absl::string_view ToString(Method method) {
 
 absl::Status Authorize(const Principal& caller, Method method) {
   bool allowed = false;
-  switch (ServiceOf(method)) {
-    case Service::kJob:
+  switch (ApiOf(method)) {
+    case Api::kJob:
       allowed = caller.role == Role::kClient || caller.role == Role::kGateway ||
                 caller.role == Role::kAdmin;
       break;
-    case Service::kWorker:
+    case Api::kWorker:
       allowed = caller.role == Role::kWorker || caller.role == Role::kAdmin;
       break;
-    case Service::kAdmin:
+    case Api::kAdmin:
       allowed = caller.role == Role::kAdmin;
       break;
   }
