@@ -1,8 +1,8 @@
 #include "lib/config/config.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <tuple>
-
-#include "absl/strings/string_view.h"
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 
 namespace dispatchd::config {
@@ -93,7 +94,54 @@ absl::Status ValidateSecurity(const Config& c) {
   return absl::OkStatus();
 }
 
+absl::Status InRange(const char* key, int64_t value, int64_t lo, int64_t hi) {
+  if (value >= lo && value <= hi) return absl::OkStatus();
+  return Bad(key, absl::StrCat("must be in [", lo, ", ", hi, "], got ", value));
+}
+
+absl::Status ValidateLimits(const LimitsConfig& l, int64_t max_payload_bytes) {
+  // A message must hold a largest payload and the rest of its spec.
+  const int64_t least_message = max_payload_bytes + 64 * 1024;
+  if (l.max_message_bytes != 0 &&
+      (l.max_message_bytes < least_message || l.max_message_bytes > (int64_t{1} << 30))) {
+    return Bad("limits.max_message_bytes",
+               absl::StrCat("must be 0 (automatic) or in [max_payload_bytes + 65536 = ",
+                            least_message, ", 1073741824], got ", l.max_message_bytes));
+  }
+  if (absl::Status s = InRange("limits.max_labels", l.max_labels, 0, 1000); !s.ok()) return s;
+  if (absl::Status s = InRange("limits.max_label_bytes", l.max_label_bytes, 1, 4096); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = InRange("limits.max_key_bytes", l.max_key_bytes, 1, 4096); !s.ok()) {
+    return s;
+  }
+  // Ids the daemon makes are 30 bytes; a limit below that would refuse its own ids.
+  if (absl::Status s = InRange("limits.max_id_bytes", l.max_id_bytes, 32, 4096); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = InRange("limits.worker_streams_per_principal",
+                               l.worker_streams_per_principal, 1, 1'000'000);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s =
+          InRange("limits.watches_per_principal", l.watches_per_principal, 1, 1'000'000);
+      !s.ok()) {
+    return s;
+  }
+  if (!(l.submit.per_second >= 0 && l.submit.per_second <= 1e9)) {
+    return Bad("limits.submit_rate",
+               absl::StrCat("must be in [0, 1e9] jobs a second, got ", l.submit.per_second));
+  }
+  return InRange("limits.submit_burst", l.submit.burst, 1, 1'000'000'000);
+}
+
 }  // namespace
+
+int64_t Config::MaxMessageBytes() const {
+  if (limits.max_message_bytes != 0) return limits.max_message_bytes;
+  return std::max<int64_t>(max_payload_bytes, 4 << 20) + (1 << 20);
+}
 
 bool IsLoopbackAddress(absl::string_view host_port) {
   absl::string_view host = host_port.substr(0, host_port.rfind(':'));
@@ -134,6 +182,7 @@ absl::Status Config::Validate() const {
     return Bad("postgres.embedded_user", "must not be empty when postgres.url is empty");
   }
   if (max_active < 1) return Bad("max_active", absl::StrCat("must be >= 1, got ", max_active));
+  if (absl::Status s = ValidateLimits(limits, max_payload_bytes); !s.ok()) return s;
   if (idempotency_window < absl::ZeroDuration()) {
     return Bad("idempotency_window", "must not be negative");
   }
@@ -356,6 +405,8 @@ Config MergeReload(const Config& running, const Config& loaded,
   differs("tls.client_auth", running.tls.client_auth, loaded.tls.client_auth);
   differs("tls.refresh_interval", running.tls.refresh_interval, loaded.tls.refresh_interval);
   differs("insecure", running.insecure, loaded.insecure);
+  differs("limits.max_message_bytes", running.limits.max_message_bytes,
+          loaded.limits.max_message_bytes);
 
   Config merged = running;
   merged.types = loaded.types;
@@ -366,6 +417,8 @@ Config MergeReload(const Config& running, const Config& loaded,
   merged.max_active = loaded.max_active;
   merged.log_level = loaded.log_level;
   merged.auth = loaded.auth;
+  merged.limits = loaded.limits;
+  merged.limits.max_message_bytes = running.limits.max_message_bytes;
   return merged;
 }
 

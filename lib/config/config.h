@@ -180,6 +180,31 @@ struct AuthConfig {
   bool enabled() const { return !tokens_file.empty() || !certificates.empty(); }
 };
 
+// `limits:` in the YAML file: bounds on what one request may carry and on what one principal
+// may hold open or send. With no authentication every caller is the one local principal, so the
+// per-principal limits then bound all callers together.
+struct LimitsConfig {
+  // Largest gRPC message the daemon accepts; 0: max(max_payload_bytes, 4 MiB) + 1 MiB. Larger
+  // ones are refused RESOURCE_EXHAUSTED by gRPC before they are read.
+  int64_t max_message_bytes = 0;
+  // Labels per job, and the bytes of each label's key and of its value.
+  int max_labels = 32;
+  int max_label_bytes = 128;
+  // Bytes of a spec's fairness_key, idempotency_key and resource_id.
+  int max_key_bytes = 256;
+  // Bytes of a job id in a request and of a worker's Hello worker_id.
+  int max_id_bytes = 128;
+  // Worker streams (Connect) one principal holds open at once.
+  int worker_streams_per_principal = 1000;
+  // Watch subscriptions one principal holds open at once.
+  int watches_per_principal = 1000;
+  // Jobs a principal may submit (Submit, SubmitBatch, RunSync), as a token bucket of
+  // `submit_rate` jobs a second and `submit_burst` capacity; a rate of 0: no limit.
+  RateLimit submit;
+
+  bool operator==(const LimitsConfig&) const = default;
+};
+
 // The daemon's whole configuration. Defaults sit in the member initializers; Validate() says
 // which key is wrong.
 struct Config {
@@ -212,6 +237,7 @@ struct Config {
   MetricsConfig metrics;
   TlsConfig tls;
   AuthConfig auth;
+  LimitsConfig limits;
   // Serve a non-loopback `listen` without TLS and authentication, or `metrics.listen` (which has
   // no TLS) on a non-loopback address. Off: the daemon refuses to start that way.
   bool insecure = false;
@@ -226,6 +252,9 @@ struct Config {
   // The tier named `name`, or nullptr (also for the empty name: the implicit default tier).
   const TierConfig* FindTier(absl::string_view name) const;
 
+  // The gRPC message limit: limits.max_message_bytes, or what its 0 stands for.
+  int64_t MaxMessageBytes() const;
+
   // Things worth a warning at start that are not errors, e.g. a model type with no vram_gb.
   std::vector<std::string> Warnings() const;
 };
@@ -234,7 +263,8 @@ struct Config {
 bool IsLoopbackAddress(absl::string_view host_port);
 
 // What a reload may change while the daemon runs: `types`, `tiers`, `scheduler.policy`,
-// `scheduler.cost_alpha`, `scheduler.key_ttl`, `max_active`, `log_level` and `auth` (the
+// `scheduler.cost_alpha`, `scheduler.key_ttl`, `max_active`, `log_level`, `limits` but for
+// `limits.max_message_bytes`, and `auth` (the
 // tokens file is read again even when its name is unchanged). The result is
 // `running` with those taken from `loaded`; every other key keeps its running value, and the
 // keys whose value differs in `loaded` are appended to `*restart_only` (e.g. "listen",

@@ -11,9 +11,6 @@
 namespace dispatchd::sched {
 namespace {
 
-constexpr size_t kMaxKeyBytes = 256;
-constexpr size_t kMaxLabels = 32;
-constexpr size_t kMaxLabelBytes = 128;
 constexpr int kMaxAttempts = 100;
 
 absl::Status Bad(absl::string_view field, absl::string_view why) {
@@ -27,9 +24,11 @@ bool PrintableAscii(absl::string_view s) {
   return true;
 }
 
-absl::Status CheckKey(absl::string_view field, absl::string_view value) {
-  if (value.size() > kMaxKeyBytes) {
-    return Bad(field, absl::StrCat("at most ", kMaxKeyBytes, " bytes, got ", value.size()));
+absl::Status CheckKey(const config::LimitsConfig& limits, absl::string_view field,
+                      absl::string_view value) {
+  if (value.size() > static_cast<size_t>(limits.max_key_bytes)) {
+    return Bad(field, absl::StrCat("at most ", limits.max_key_bytes,
+                                   " bytes (limits.max_key_bytes), got ", value.size()));
   }
   if (!PrintableAscii(value)) return Bad(field, "must be printable ASCII");
   return absl::OkStatus();
@@ -51,9 +50,11 @@ absl::StatusOr<job::JobSpec> ResolveSpec(const config::Config& config, job::JobS
     return Bad("payload", absl::StrCat(spec.payload.size(), " bytes exceeds max_payload_bytes (",
                                        config.max_payload_bytes, ")"));
   }
-  if (absl::Status s = CheckKey("resource_id", spec.resource_id); !s.ok()) return s;
-  if (absl::Status s = CheckKey("fairness_key", spec.fairness_key); !s.ok()) return s;
-  if (absl::Status s = CheckKey("idempotency_key", spec.idempotency_key); !s.ok()) return s;
+  if (absl::Status s = CheckKey(config.limits, "resource_id", spec.resource_id); !s.ok()) return s;
+  if (absl::Status s = CheckKey(config.limits, "fairness_key", spec.fairness_key); !s.ok())
+    return s;
+  if (absl::Status s = CheckKey(config.limits, "idempotency_key", spec.idempotency_key); !s.ok())
+    return s;
   if (spec.max_attempts < 0 || spec.max_attempts > kMaxAttempts) {
     return Bad("max_attempts", absl::StrCat("must be in [0, ", kMaxAttempts, "], got ",
                                             spec.max_attempts));
@@ -65,17 +66,24 @@ absl::StatusOr<job::JobSpec> ResolveSpec(const config::Config& config, job::JobS
   if (spec.dispatch_deadline <= absl::ZeroDuration()) {
     return Bad("dispatch_deadline", "must be positive when set");
   }
-  if (spec.labels.size() > kMaxLabels) {
-    return Bad("labels", absl::StrCat("at most ", kMaxLabels, " labels, got ", spec.labels.size()));
+  const config::LimitsConfig& limits = config.limits;
+  if (spec.labels.size() > static_cast<size_t>(limits.max_labels)) {
+    return Bad("labels", absl::StrCat("at most ", limits.max_labels,
+                                      " labels (limits.max_labels), got ", spec.labels.size()));
   }
+  const size_t max_label = static_cast<size_t>(limits.max_label_bytes);
   for (const auto& [key, value] : spec.labels) {
-    if (key.empty() || key.size() > kMaxLabelBytes || !PrintableAscii(key) ||
+    if (key.empty() || key.size() > max_label || !PrintableAscii(key) ||
         key.find_first_of("=, ") != std::string::npos) {
       return Bad("labels", absl::StrCat("bad label key \"", absl::CHexEscape(key.substr(0, 64)),
-                                        "\": want 1-128 printable characters without '=', ',' or space"));
+                                        "\": want 1 to ", max_label,
+                                        " (limits.max_label_bytes) printable characters without "
+                                        "'=', ',' or space"));
     }
-    if (value.size() > kMaxLabelBytes || !PrintableAscii(value)) {
-      return Bad(absl::StrCat("labels[", key, "]"), "value must be at most 128 printable characters");
+    if (value.size() > max_label || !PrintableAscii(value)) {
+      return Bad(absl::StrCat("labels[", key, "]"),
+                 absl::StrCat("value must be at most ", max_label,
+                              " (limits.max_label_bytes) printable characters"));
     }
   }
   return spec;

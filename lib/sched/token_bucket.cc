@@ -28,6 +28,15 @@ bool TokenBucket::TryTake(absl::Time now) {
   return true;
 }
 
+bool TokenBucket::TryTake(absl::Time now, int64_t n) {
+  if (n > limit_.burst) return false;
+  const absl::Time start = std::max(tat_, now);
+  // The n-th take conforms when the first would and n - 1 more intervals still fit.
+  if (start + (n - 1) * interval_ - now > tolerance_) return false;
+  tat_ = start + n * interval_;
+  return true;
+}
+
 double TokenBucket::TokensAt(absl::Time now) const {
   // The bucket is full when tat <= now; each interval of `tat - now` is one token owed.
   absl::Duration owed = std::max(tat_ - now, absl::ZeroDuration());

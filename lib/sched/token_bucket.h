@@ -1,6 +1,9 @@
 #pragma once
 
+#include <cstdint>
+
 #include "absl/time/time.h"
+
 #include "lib/config/config.h"
 
 namespace dispatchd::sched {
@@ -19,6 +22,11 @@ class TokenBucket {
 
   // Takes one token if there is one.
   bool TryTake(absl::Time now);
+  // Takes `n` tokens (n >= 1) if the bucket holds them all; none otherwise. A take of more
+  // than `burst` never succeeds.
+  bool TryTake(absl::Time now, int64_t n);
+  // The earliest time TryTake(·, n) can succeed, for n <= burst.
+  absl::Time NextTokensAt(int64_t n) const { return tat_ + (n - 1) * interval_ - tolerance_; }
   // True if TryTake(now) would succeed.
   bool Ready(absl::Time now) const { return tat_ - now <= tolerance_; }
   // The earliest time TryTake can succeed (`now` or earlier if it can now).

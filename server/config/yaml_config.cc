@@ -1,5 +1,6 @@
 #include "server/config/yaml_config.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -109,6 +110,7 @@ constexpr absl::string_view kTopKeys[] = {"listen",
                                           "metrics",
                                           "tls",
                                           "auth",
+                                          "limits",
                                           "insecure",
                                           "tiers",
                                           "types"};
@@ -121,6 +123,10 @@ constexpr absl::string_view kMetricsKeys[] = {"listen"};
 constexpr absl::string_view kTlsKeys[] = {"cert_file", "key_file", "client_ca_file", "client_auth",
                                           "refresh_interval"};
 constexpr absl::string_view kAuthKeys[] = {"tokens_file", "certificates"};
+constexpr absl::string_view kLimitsKeys[] = {
+    "max_message_bytes",     "max_labels",   "max_label_bytes",
+    "max_key_bytes",         "max_id_bytes", "worker_streams_per_principal",
+    "watches_per_principal", "submit_rate",  "submit_burst"};
 constexpr absl::string_view kCertificateKeys[] = {"name", "principal", "role", "types"};
 constexpr absl::string_view kMemoryThrottleKeys[] = {"ram_percent", "ram_resume_percent",
                                                      "gpu_percent", "gpu_resume_percent"};
@@ -262,6 +268,33 @@ config::TlsConfig ParseTls(const YAML::Node& node, const std::string& path) {
   return tls;
 }
 
+config::LimitsConfig ParseLimits(const YAML::Node& node, const std::string& path) {
+  config::LimitsConfig l;
+  std::optional<YAML::Node> burst;
+  ForEachKey(node, path, kLimitsKeys,
+             [&](const std::string& key, const std::string& full, const YAML::Node& v) {
+               if (key == "max_message_bytes") l.max_message_bytes = Int(v, full);
+               if (key == "max_labels") l.max_labels = IntInRange(v, full);
+               if (key == "max_label_bytes") l.max_label_bytes = IntInRange(v, full);
+               if (key == "max_key_bytes") l.max_key_bytes = IntInRange(v, full);
+               if (key == "max_id_bytes") l.max_id_bytes = IntInRange(v, full);
+               if (key == "worker_streams_per_principal") {
+                 l.worker_streams_per_principal = IntInRange(v, full);
+               }
+               if (key == "watches_per_principal") l.watches_per_principal = IntInRange(v, full);
+               if (key == "submit_rate") l.submit.per_second = Number(v, full);
+               if (key == "submit_burst") {
+                 burst.emplace(v);
+                 l.submit.burst = IntInRange(v, full);
+               }
+             });
+  // Without a burst of its own, the bucket holds one second of the rate.
+  if (!burst && l.submit.per_second >= 1) {
+    l.submit.burst = static_cast<int>(std::min(l.submit.per_second, 1e9));
+  }
+  return l;
+}
+
 config::CertificatePrincipal ParseCertificate(const YAML::Node& node, const std::string& path) {
   config::CertificatePrincipal cert;
   bool has_role = false;
@@ -357,6 +390,7 @@ config::Config ParseRoot(const YAML::Node& root) {
                }
                if (key == "tls") c.tls = ParseTls(v, full);
                if (key == "auth") c.auth = ParseAuth(v, full);
+               if (key == "limits") c.limits = ParseLimits(v, full);
                if (key == "insecure") c.insecure = Bool(v, full);
                if (key == "memory_throttle") {
                  config::MemoryThrottleConfig& m = c.memory_throttle;
@@ -472,6 +506,7 @@ std::vector<std::string> KnownConfigKeys() {
       {"tls", kTlsKeys},
       {"auth", kAuthKeys},
       {"auth.certificates[]", kCertificateKeys},
+      {"limits", kLimitsKeys},
       {"tiers[]", kTierKeys},
       {"types[]", kTypeKeys}};
   for (const auto& [section, names] : sections) {

@@ -351,9 +351,10 @@ int Run(int argc, char** argv) {
   store::GroupInserter inserter(**store, store::GroupInserter::Options{});
   store::RetentionKeeper retention(**store);
   auth::Gate gate(std::move(identities));
-  rpc::JobServiceImpl job_service(live, gate, **store, inserter, leadership, events, executor,
-                                  clock);
-  rpc::WorkerServiceImpl worker_service(gate, leadership);
+  sched::CallerLimits caller_limits;
+  rpc::JobServiceImpl job_service(live, gate, caller_limits, **store, inserter, leadership, events,
+                                  executor, clock);
+  rpc::WorkerServiceImpl worker_service(live, gate, caller_limits, leadership);
   Reloader reloader(config_path, live, admission, leadership, gate);
   rpc::AdminServiceImpl admin_service(live, gate, **store, leadership, executor, [&reloader] {
     return reloader.Reload("AdminService.Reload");
@@ -364,9 +365,9 @@ int Run(int argc, char** argv) {
   grpc::ServerBuilder builder;
   int bound_port = 0;
   builder.AddListeningPort(config.listen, auth::ServerCredentials(config), &bound_port);
-  // Room for the largest payload (clients) and for results up to the worker SDK's 4 MiB limit.
-  builder.SetMaxReceiveMessageSize(
-      static_cast<int>(std::max<int64_t>(config.max_payload_bytes, 4 << 20)) + (1 << 20));
+  // Room for the largest payload (clients) and, by default, for results up to the worker SDK's
+  // 4 MiB limit. gRPC refuses a larger message RESOURCE_EXHAUSTED before reading it.
+  builder.SetMaxReceiveMessageSize(static_cast<int>(config.MaxMessageBytes()));
   builder.RegisterService(&job_service);
   builder.RegisterService(&worker_service);
   builder.RegisterService(&admin_service);

@@ -5,10 +5,10 @@ namespace dispatchd::metrics {
 DaemonMetrics::DaemonMetrics()
     : admitted(registry.AddCounter("dispatchd_jobs_admitted_total",
                                    "Jobs admitted by Submit, SubmitBatch and RunSync.", {"type"})),
-      refused(registry.AddCounter(
-          "dispatchd_jobs_refused_total",
-          "Jobs refused at admission, by reason: max_active, max_queue_depth or invalid.",
-          {"type", "reason"})),
+      refused(registry.AddCounter("dispatchd_jobs_refused_total",
+                                  "Jobs refused at admission, by reason: max_active, "
+                                  "max_queue_depth, submit_rate or invalid.",
+                                  {"type", "reason"})),
       queue_wait(
           registry.AddHistogram("dispatchd_job_queue_wait_seconds",
                                 "Time from a job's queueing (or its not_before) to its dispatch.",

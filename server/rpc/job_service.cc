@@ -48,10 +48,11 @@ std::string PeerIdentity(const std::string& peer) {
   return peer.substr(0, colon);
 }
 
-absl::Status CheckJobId(const std::string& id, absl::string_view field) {
+absl::Status CheckJobId(const std::string& id, absl::string_view field, int max_bytes) {
   if (id.empty()) return absl::InvalidArgumentError(absl::StrCat(field, ": required"));
-  if (id.size() > 64) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ": at most 64 bytes, got ", id.size()));
+  if (id.size() > static_cast<size_t>(max_bytes)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": at most ", max_bytes, " bytes (limits.max_id_bytes), got ", id.size()));
   }
   return absl::OkStatus();
 }
@@ -95,6 +96,14 @@ absl::StatusOr<std::vector<job::Job>> JobServiceImpl::Admit(
     }
     jobs.push_back(job::Job{
         .id = NewJobId(now), .spec = *std::move(spec), .owner = caller.name, .created_at = now});
+  }
+  if (absl::Status s = limits_.TakeSubmits(caller.name, static_cast<int64_t>(jobs.size()),
+                                           config->limits.submit, now, retry_after);
+      !s.ok()) {
+    metrics::Metrics()
+        .refused.With({jobs[0].spec.type, "submit_rate"})
+        .Inc(static_cast<double>(jobs.size()));
+    return s;
   }
   // Reserve room for every job before anything is written; all or none. From here on each
   // reservation is settled exactly once, by Settle.
@@ -398,7 +407,7 @@ grpc::ServerUnaryReactor* JobServiceImpl::Status(grpc::CallbackServerContext* ct
     if (!caller.ok()) return call->Reply(caller.status());
     executor_.Schedule([this, call, caller = *std::move(caller)] {
       const std::string& id = call->request().job_id();
-      absl::Status status = CheckJobId(id, "job_id");
+      absl::Status status = CheckJobId(id, "job_id", config_.Get()->limits.max_id_bytes);
       if (status.ok()) {
         absl::StatusOr<job::Job> job = GetAs(store_, caller, id);
         if (job.ok()) {
@@ -448,7 +457,7 @@ void JobServiceImpl::CancelAs(const auth::Principal& caller,
                               UnaryCall<v1::CancelRequest, v1::CancelResponse>* call) {
   const v1::CancelRequest* req = &call->request();
   v1::CancelResponse* resp = &call->response();
-  absl::Status status = CheckJobId(req->job_id(), "job_id");
+  absl::Status status = CheckJobId(req->job_id(), "job_id", config_.Get()->limits.max_id_bytes);
   // Only an admin may cancel another's job; an owner never changes, so reading it first is
   // enough.
   if (status.ok() && caller.role != auth::Role::kAdmin) {
@@ -492,15 +501,24 @@ class WatchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   // A `caller` that is not OK (refused, or a request that did not parse) finishes the call at
   // once with that status.
+  // Each open Watch counts against its principal's limits.watches_per_principal.
   WatchReactor(store::JobStore& store, dispatch::JobEvents& events, server::Executor& executor,
+               sched::CallerLimits& limits, const config::LimitsConfig& config,
                absl::StatusOr<auth::Principal> caller, std::string job_id)
-      : store_(store), events_(events), executor_(executor), job_id_(std::move(job_id)) {
-    if (!caller.ok()) {
-      Finish(server::ToGrpcStatus(caller.status()));
-      return;
+      : store_(store),
+        events_(events),
+        executor_(executor),
+        limits_(limits),
+        job_id_(std::move(job_id)) {
+    absl::Status s = caller.status();
+    if (s.ok()) s = CheckJobId(job_id_, "job_id", config.max_id_bytes);
+    if (s.ok()) {
+      caller_ = *std::move(caller);
+      s = limits_.Open(sched::CallerLimits::Stream::kWatch, caller_.name,
+                       config.watches_per_principal);
+      counted_ = s.ok();
     }
-    caller_ = *std::move(caller);
-    if (absl::Status s = CheckJobId(job_id_, "job_id"); !s.ok()) {
+    if (!s.ok()) {
       Finish(server::ToGrpcStatus(s));
       return;
     }
@@ -525,6 +543,7 @@ class WatchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
   void OnDone() override {
     if (token_ != 0) events_.Unsubscribe(token_);
+    if (counted_) limits_.Close(sched::CallerLimits::Stream::kWatch, caller_.name);
     // Refreshes scheduled on the executor may still hold `this`; wait for them.
     {
       absl::MutexLock l(&mu_);
@@ -583,8 +602,10 @@ class WatchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   store::JobStore& store_;
   dispatch::JobEvents& events_;
   server::Executor& executor_;
+  sched::CallerLimits& limits_;
   auth::Principal caller_;  // set once, before any refresh
   const std::string job_id_;
+  bool counted_ = false;  // holds one of the caller's Watch subscriptions
   uint64_t token_ = 0;
 
   absl::Mutex mu_;
@@ -607,7 +628,8 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* JobServiceImpl::Watch(
   if (absl::Status parsed = ParseRequest(request, &req); caller.ok() && !parsed.ok()) {
     caller = parsed;
   }
-  return new WatchReactor(store_, events_, executor_, std::move(caller), req.job_id());
+  return new WatchReactor(store_, events_, executor_, limits_, config_.Get()->limits,
+                          std::move(caller), req.job_id());
 }
 
 }  // namespace dispatchd::rpc

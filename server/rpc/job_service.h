@@ -7,10 +7,12 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+
 #include "dispatchd/v1/job_service.grpc.pb.h"
 #include "lib/auth/principal.h"
 #include "lib/config/config.h"
 #include "lib/config/live_config.h"
+#include "lib/sched/caller_limits.h"
 #include "lib/util/clock.h"
 #include "server/auth/grpc_auth.h"
 #include "server/dispatch/dispatcher.h"
@@ -39,11 +41,13 @@ using RawJobService = v1::JobService::WithRawCallbackMethod_Submit<
 
 class JobServiceImpl final : public RawJobService {
  public:
-  JobServiceImpl(const config::LiveConfig& config, const auth::Gate& gate, store::JobStore& store,
+  JobServiceImpl(const config::LiveConfig& config, const auth::Gate& gate,
+                 sched::CallerLimits& limits, store::JobStore& store,
                  store::GroupInserter& inserter, ha::Leadership& leadership,
                  dispatch::JobEvents& events, server::Executor& executor, Clock& clock)
       : config_(config),
         gate_(gate),
+        limits_(limits),
         store_(store),
         inserter_(inserter),
         leadership_(leadership),
@@ -111,6 +115,7 @@ class JobServiceImpl final : public RawJobService {
 
   const config::LiveConfig& config_;  // types as of the last reload
   const auth::Gate& gate_;
+  sched::CallerLimits& limits_;
   store::JobStore& store_;
   store::GroupInserter& inserter_;
   ha::Leadership& leadership_;
@@ -128,8 +133,9 @@ std::string PeerIdentity(const std::string& peer);
 absl::StatusOr<job::Job> GetAs(store::JobStore& store, const auth::Principal& caller,
                                const std::string& id);
 
-// Validates a job id from the wire; InvalidArgument naming `field`.
-absl::Status CheckJobId(const std::string& id, absl::string_view field);
+// Validates a job id from the wire (at most `max_bytes`, limits.max_id_bytes); InvalidArgument
+// naming `field`.
+absl::Status CheckJobId(const std::string& id, absl::string_view field, int max_bytes);
 
 // Trailing metadata key of an admission refusal: when to try again, in whole milliseconds.
 inline constexpr char kRetryAfterTrailer[] = "retry-after-ms";

@@ -15,7 +15,6 @@ namespace {
 
 constexpr int kMaxSlots = 100'000;
 constexpr int kMaxTypes = 1'000;
-constexpr size_t kMaxIdBytes = 256;
 
 class WorkerStream;
 
@@ -40,14 +39,26 @@ class StreamLink final : public dispatch::WorkerLink {
 
 class WorkerStream final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
-  WorkerStream(ha::Leadership& leadership, std::string peer,
+  WorkerStream(ha::Leadership& leadership, sched::CallerLimits& limits,
+               const config::LimitsConfig& config, std::string peer,
                absl::StatusOr<auth::Principal> caller)
-      : leadership_(leadership), link_(std::make_shared<StreamLink>(this, std::move(peer))) {
-    if (!caller.ok()) {
-      Close(caller.status());
+      : leadership_(leadership),
+        limits_(limits),
+        max_id_bytes_(config.max_id_bytes),
+        link_(std::make_shared<StreamLink>(this, std::move(peer))) {
+    absl::Status s = caller.status();
+    if (s.ok()) {
+      caller_ = *std::move(caller);
+      s = limits_.Open(sched::CallerLimits::Stream::kWorker, caller_.name,
+                       config.worker_streams_per_principal);
+      counted_ = s.ok();
+    }
+    if (!s.ok()) {
+      server::Log("grpc")->warn("worker stream refused peer={} error=\"{}\"", link_->peer(),
+                                s.message());
+      Close(s);
       return;
     }
-    caller_ = *std::move(caller);
     StartRead(&raw_in_);
   }
 
@@ -65,9 +76,10 @@ class WorkerStream final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc
       return;
     }
     if (!said_hello_) {
-      absl::Status s = in_.has_hello() ? CheckHello(in_.hello())
-                                       : absl::InvalidArgumentError("hello: the first message of "
-                                                                    "a worker stream must be a Hello");
+      absl::Status s = in_.has_hello() ? CheckHello(in_.hello(), max_id_bytes_)
+                                       : absl::InvalidArgumentError(
+                                             "hello: the first message of "
+                                             "a worker stream must be a Hello");
       if (s.ok()) {
         s = auth::MayServe(caller_, {in_.hello().types().begin(), in_.hello().types().end()});
       }
@@ -118,6 +130,7 @@ class WorkerStream final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc
   }
 
   void OnDone() override {
+    if (counted_) limits_.Close(sched::CallerLimits::Stream::kWorker, caller_.name);
     link_->Detach();
     if (said_hello_) dispatcher_->WorkerDisconnected(link_);
     delete this;
@@ -173,6 +186,9 @@ class WorkerStream final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc
 
  private:
   ha::Leadership& leadership_;
+  sched::CallerLimits& limits_;
+  const int max_id_bytes_;
+  bool counted_ = false;                              // holds one of the caller's worker streams
   std::shared_ptr<dispatch::Dispatcher> dispatcher_;  // the term this stream said Hello to
   std::shared_ptr<StreamLink> link_;
   auth::Principal caller_;  // set before the first read
@@ -200,10 +216,12 @@ void StreamLink::Close(const absl::Status& status) {
 
 }  // namespace
 
-absl::Status CheckHello(const v1::Hello& hello) {
+absl::Status CheckHello(const v1::Hello& hello, int max_id_bytes) {
   if (hello.worker_id().empty()) return absl::InvalidArgumentError("hello.worker_id: required");
-  if (hello.worker_id().size() > kMaxIdBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("hello.worker_id: at most ", kMaxIdBytes, " bytes"));
+  if (hello.worker_id().size() > static_cast<size_t>(max_id_bytes)) {
+    return absl::InvalidArgumentError(absl::StrCat("hello.worker_id: at most ", max_id_bytes,
+                                                   " bytes (limits.max_id_bytes), got ",
+                                                   hello.worker_id().size()));
   }
   if (hello.types().empty()) return absl::InvalidArgumentError("hello.types: at least one type");
   if (hello.types_size() > kMaxTypes) {
@@ -218,7 +236,7 @@ absl::Status CheckHello(const v1::Hello& hello) {
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* WorkerServiceImpl::Connect(
     grpc::CallbackServerContext* ctx) {
-  return new WorkerStream(leadership_, ctx->peer(),
+  return new WorkerStream(leadership_, limits_, config_.Get()->limits, ctx->peer(),
                           gate_.Authorize(*ctx, auth::Method::kConnect));
 }
 

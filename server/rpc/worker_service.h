@@ -1,6 +1,8 @@
 #pragma once
 
 #include "dispatchd/v1/worker_service.grpc.pb.h"
+#include "lib/config/live_config.h"
+#include "lib/sched/caller_limits.h"
 #include "server/auth/grpc_auth.h"
 #include "server/dispatch/dispatcher.h"
 #include "server/ha/leadership.h"
@@ -15,18 +17,23 @@ namespace dispatchd::rpc {
 class WorkerServiceImpl final
     : public v1::WorkerService::WithRawCallbackMethod_Connect<v1::WorkerService::Service> {
  public:
-  WorkerServiceImpl(const auth::Gate& gate, ha::Leadership& leadership)
-      : gate_(gate), leadership_(leadership) {}
+  // Each open stream counts against its principal's limits.worker_streams_per_principal.
+  WorkerServiceImpl(const config::LiveConfig& config, const auth::Gate& gate,
+                    sched::CallerLimits& limits, ha::Leadership& leadership)
+      : config_(config), gate_(gate), limits_(limits), leadership_(leadership) {}
 
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Connect(
       grpc::CallbackServerContext* ctx) override;
 
  private:
+  const config::LiveConfig& config_;
   const auth::Gate& gate_;
+  sched::CallerLimits& limits_;
   ha::Leadership& leadership_;
 };
 
-// OK, or InvalidArgument naming the bad field of a worker's Hello.
-absl::Status CheckHello(const v1::Hello& hello);
+// OK, or InvalidArgument naming the bad field of a worker's Hello; `max_id_bytes` bounds its
+// worker_id (limits.max_id_bytes).
+absl::Status CheckHello(const v1::Hello& hello, int max_id_bytes);
 
 }  // namespace dispatchd::rpc

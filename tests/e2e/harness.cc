@@ -1,13 +1,5 @@
 #include "tests/e2e/harness.h"
 
-#include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
@@ -16,15 +8,26 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
-#include "client/cpp/dispatch_client.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "client/cpp/dispatch_client.h"
+#include "server/auth/grpc_auth.h"
 
 extern char** environ;
 
@@ -455,6 +458,28 @@ v1::JobSpec Spec(const std::string& type, const std::string& payload) {
   spec.set_type(type);
   spec.set_payload(payload);
   return spec;
+}
+
+void WriteTokensFile(const TempDir& dir, const std::vector<TokenEntry>& entries) {
+  std::string text = "# test principals\n";
+  for (const TokenEntry& e : entries) {
+    const std::string token = absl::StrCat("tok-", e.name, "-", e.role, "-0123456789abcdef");
+    std::ofstream(dir.File(e.name + ".token")) << token << "\n";
+    const auth::TokenDigest d = auth::DigestOf(token);
+    absl::StrAppend(&text, e.name, " ", e.role, " sha256:",
+                    absl::BytesToHexString(
+                        absl::string_view(reinterpret_cast<const char*>(d.data()), d.size())),
+                    " ", e.options, "\n");
+  }
+  const std::string path = dir.File("tokens");
+  const std::string next = path + ".next";
+  std::ofstream(next) << text;
+  chmod(next.c_str(), 0600);
+  std::filesystem::rename(next, path);
+}
+
+std::string BearerOf(const TempDir& dir, const std::string& name) {
+  return absl::StrCat("Bearer ", absl::StripAsciiWhitespace(ReadFile(dir.File(name + ".token"))));
 }
 
 }  // namespace dispatchd::e2e

@@ -83,6 +83,20 @@ class TempDir {
   std::string path_;
 };
 
+// One principal of a tokens file: name, role, options (e.g. "types=echo").
+struct TokenEntry {
+  std::string name;
+  std::string role;
+  std::string options;
+};
+
+// Writes one token per entry to `<name>.token` in `dir` and, in one rename, the tokens file
+// `tokens` there with their digests (mode 0600).
+void WriteTokensFile(const TempDir& dir, const std::vector<TokenEntry>& entries);
+
+// The token WriteTokensFile wrote for `name`, as the `authorization` metadata value.
+std::string BearerOf(const TempDir& dir, const std::string& name);
+
 // One job type line in a test config.
 struct TypeSpec {
   std::string name;

@@ -72,13 +72,6 @@ class Pki {
   const TempDir& dir_;
 };
 
-// Principals of the tokens file: name, role, options.
-struct Entry {
-  std::string name;
-  std::string role;
-  std::string options;
-};
-
 constexpr char kEchoType[] = "  - name: echo\n    retry_backoff: 100ms\n";
 
 class SecurityTest : public ::testing::Test {
@@ -100,24 +93,7 @@ class SecurityTest : public ::testing::Test {
                  {"ops", "admin", ""}});
   }
 
-  // Writes one token per entry (`<name>.token`) and the tokens file with their digests.
-  void WriteTokens(const std::vector<Entry>& entries) {
-    std::string text = "# test principals\n";
-    for (const Entry& e : entries) {
-      const std::string token = absl::StrCat("tok-", e.name, "-", e.role, "-0123456789abcdef");
-      std::ofstream(dir_.File(e.name + ".token")) << token << "\n";
-      const auth::TokenDigest d = auth::DigestOf(token);
-      absl::StrAppend(&text, e.name, " ", e.role, " sha256:",
-                      absl::BytesToHexString(
-                          absl::string_view(reinterpret_cast<const char*>(d.data()), d.size())),
-                      " ", e.options, "\n");
-    }
-    const std::string path = dir_.File("tokens");
-    const std::string next = path + ".next";
-    std::ofstream(next) << text;
-    chmod(next.c_str(), 0600);
-    std::filesystem::rename(next, path);
-  }
+  void WriteTokens(const std::vector<TokenEntry>& entries) { WriteTokensFile(dir_, entries); }
 
   // Starts the daemon with TLS (client certificates `client_auth`) and the tokens file.
   void StartDaemon(const std::string& client_auth = "request", const std::string& refresh = "1m") {

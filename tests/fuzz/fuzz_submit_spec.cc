@@ -31,10 +31,11 @@ namespace {
 
 using ::dispatchd::config::Config;
 
-// A small payload limit so that the fuzzer reaches the oversized-payload refusal; a type with
+// Small payload and label/key limits so that the fuzzer reaches their refusals; a type with
 // defaults, one with a model and tier, one with its own attempts and timeout.
 constexpr char kConfig[] = R"(
 max_payload_bytes: 4096
+limits: {max_labels: 4, max_label_bytes: 16, max_key_bytes: 32}
 tiers:
   - {name: interactive, value: 8}
 types:
@@ -93,15 +94,21 @@ void CheckAdmitted(const Config& config, const dispatchd::job::JobSpec& spec) {
   DISPATCHD_CHECK(spec.dispatch_deadline > absl::ZeroDuration(),
                   "admitted a non-positive dispatch_deadline");
   DISPATCHD_CHECK(!spec.fairness_key.empty(), "admitted an empty fairness key");
+  const dispatchd::config::LimitsConfig& limits = config.limits;
   for (const std::string* key : {&spec.resource_id, &spec.fairness_key, &spec.idempotency_key}) {
-    DISPATCHD_CHECK(key->size() <= 256 && PrintableAscii(*key), "admitted a bad key");
+    DISPATCHD_CHECK(
+        key->size() <= static_cast<size_t>(limits.max_key_bytes) && PrintableAscii(*key),
+        "admitted a bad key");
   }
-  DISPATCHD_CHECK(spec.labels.size() <= 32, "admitted more than 32 labels");
+  DISPATCHD_CHECK(spec.labels.size() <= static_cast<size_t>(limits.max_labels),
+                  "admitted more than limits.max_labels labels");
+  const size_t max_label = static_cast<size_t>(limits.max_label_bytes);
   for (const auto& [key, value] : spec.labels) {
-    DISPATCHD_CHECK(!key.empty() && key.size() <= 128 && PrintableAscii(key) &&
+    DISPATCHD_CHECK(!key.empty() && key.size() <= max_label && PrintableAscii(key) &&
                         key.find_first_of("=, ") == std::string::npos,
                     "admitted a bad label key");
-    DISPATCHD_CHECK(value.size() <= 128 && PrintableAscii(value), "admitted a bad label value");
+    DISPATCHD_CHECK(value.size() <= max_label && PrintableAscii(value),
+                    "admitted a bad label value");
   }
 }
 

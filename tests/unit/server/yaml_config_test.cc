@@ -1,8 +1,10 @@
 #include "server/config/yaml_config.h"
 
 #include <string>
+#include <utility>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -168,6 +170,70 @@ TEST(YamlConfigTest, TierNeedsNameAndValue) {
                     "types:\n"
                     "  - name: echo\n"),
               StatusIs(absl::StatusCode::kInvalidArgument, "tiers[0].cap: unknown key"));
+}
+
+TEST(YamlConfigTest, ParsesLimitsAndDefaultsTheBurstToOneSecondOfRate) {
+  absl::StatusOr<config::Config> c = Parse(R"(
+limits:
+  max_message_bytes: 2097152
+  max_labels: 8
+  max_label_bytes: 64
+  max_key_bytes: 100
+  max_id_bytes: 48
+  worker_streams_per_principal: 20
+  watches_per_principal: 30
+  submit_rate: 250
+types:
+  - name: echo
+)");
+  ASSERT_THAT(c, IsOk());
+  EXPECT_EQ(c->limits.max_message_bytes, 2097152);
+  EXPECT_EQ(c->MaxMessageBytes(), 2097152);
+  EXPECT_EQ(c->limits.max_labels, 8);
+  EXPECT_EQ(c->limits.max_label_bytes, 64);
+  EXPECT_EQ(c->limits.max_key_bytes, 100);
+  EXPECT_EQ(c->limits.max_id_bytes, 48);
+  EXPECT_EQ(c->limits.worker_streams_per_principal, 20);
+  EXPECT_EQ(c->limits.watches_per_principal, 30);
+  EXPECT_THAT(c->limits.submit.per_second, DoubleEq(250));
+  EXPECT_EQ(c->limits.submit.burst, 250);
+
+  absl::StatusOr<config::Config> burst =
+      Parse("limits: {submit_rate: 0.5, submit_burst: 3}\ntypes:\n  - name: echo\n");
+  ASSERT_THAT(burst, IsOk());
+  EXPECT_EQ(burst->limits.submit.burst, 3);
+}
+
+TEST(YamlConfigTest, LimitsDefaultsAndTheAutomaticMessageLimit) {
+  absl::StatusOr<config::Config> c = Parse("types:\n  - name: echo\n");
+  ASSERT_THAT(c, IsOk());
+  EXPECT_EQ(c->limits, config::LimitsConfig{});
+  EXPECT_FALSE(c->limits.submit.limited());
+  EXPECT_EQ(c->MaxMessageBytes(), 5 << 20);  // 4 MiB for results, plus 1 MiB
+  absl::StatusOr<config::Config> big =
+      Parse("max_payload_bytes: 16777216\ntypes:\n  - name: echo\n");
+  ASSERT_THAT(big, IsOk());
+  EXPECT_EQ(big->MaxMessageBytes(), (16 << 20) + (1 << 20));
+}
+
+TEST(YamlConfigTest, RefusesLimitsOutOfRangeNamingTheKey) {
+  const std::pair<std::string, std::string> cases[] = {
+      {"max_message_bytes: 100000", "limits.max_message_bytes"},  // under payload + 64 KiB
+      {"max_labels: -1", "limits.max_labels"},
+      {"max_label_bytes: 0", "limits.max_label_bytes"},
+      {"max_key_bytes: 5000", "limits.max_key_bytes"},
+      {"max_id_bytes: 16", "limits.max_id_bytes"},  // under the daemon's own 30-byte ids
+      {"worker_streams_per_principal: 0", "limits.worker_streams_per_principal"},
+      {"watches_per_principal: 0", "limits.watches_per_principal"},
+      {"submit_rate: -1", "limits.submit_rate"},
+      {"submit_burst: 0", "limits.submit_burst"},
+      {"max_watches: 3", "limits.max_watches"},  // unknown key
+  };
+  for (const auto& [line, key] : cases) {
+    SCOPED_TRACE(line);
+    EXPECT_THAT(Parse(absl::StrCat("limits:\n  ", line, "\ntypes:\n  - name: echo\n")),
+                StatusIs(absl::StatusCode::kInvalidArgument, key));
+  }
 }
 
 TEST(YamlConfigTest, ValidationErrorPointsAtTheKey) {

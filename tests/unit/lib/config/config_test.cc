@@ -303,11 +303,18 @@ TEST(MergeReloadTest, TakesTheReloadableKeysAndNamesTheRestartOnlyOnes) {
   loaded.listen = "0.0.0.0:7411";
   loaded.postgres.url = "postgresql://elsewhere/db";
   loaded.metrics.listen = "";
+  loaded.limits.submit = RateLimit{.per_second = 5, .burst = 5};
+  loaded.limits.watches_per_principal = 7;
+  loaded.limits.max_message_bytes = 8 << 20;
 
   std::vector<std::string> restart_only;
   const Config merged = MergeReload(running, loaded, &restart_only);
   EXPECT_THAT(restart_only,
-              ::testing::UnorderedElementsAre("listen", "postgres.url", "metrics.listen"));
+              ::testing::UnorderedElementsAre("listen", "postgres.url", "metrics.listen",
+                                              "limits.max_message_bytes"));
+  EXPECT_EQ(merged.limits.submit, loaded.limits.submit);
+  EXPECT_EQ(merged.limits.watches_per_principal, 7);
+  EXPECT_EQ(merged.limits.max_message_bytes, 0);  // gRPC's limit is set at start
   ASSERT_EQ(merged.types.size(), 2u);
   EXPECT_EQ(merged.types[1].rate.per_second, 2);
   ASSERT_EQ(merged.tiers.size(), 1u);

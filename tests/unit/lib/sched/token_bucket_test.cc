@@ -23,6 +23,17 @@ TEST(TokenBucketTest, StartsFullThenSpacesTakesByTheInterval) {
   EXPECT_FALSE(b.TryTake(kStart + absl::Seconds(3)));
 }
 
+TEST(TokenBucketTest, TakesSeveralTokensAllOrNone) {
+  TokenBucket b({.per_second = 10, .burst = 5}, kStart);
+  EXPECT_FALSE(b.TryTake(kStart, 6));  // more than the bucket can ever hold
+  EXPECT_TRUE(b.TryTake(kStart, 4));
+  EXPECT_FALSE(b.TryTake(kStart, 2));  // one left: none taken
+  EXPECT_EQ(b.NextTokensAt(2), kStart + absl::Milliseconds(100));
+  EXPECT_TRUE(b.TryTake(kStart + absl::Milliseconds(100), 2));
+  EXPECT_DOUBLE_EQ(b.TokensAt(kStart + absl::Milliseconds(100)), 0);
+  EXPECT_TRUE(b.TryTake(kStart + absl::Seconds(10), 5));
+}
+
 TEST(TokenBucketTest, RefillStopsAtBurst) {
   TokenBucket b(Rpm(60, 2), kStart);
   ASSERT_TRUE(b.TryTake(kStart));
