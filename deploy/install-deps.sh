@@ -26,6 +26,9 @@ PACKAGES=(
   postgresql-15
   # Python SDK
   python3 python3-grpcio python3-protobuf
+  # Node.js, for the grpc-js client test (tests/thirdparty; its npm packages are pinned in
+  # tests/thirdparty/grpcjs/package-lock.json and installed with `npm ci`). npm: see below.
+  nodejs
   # Fuzzing (tests/fuzz): clang, its sanitizer and libFuzzer runtimes (libclang-rt-14-dev is only
   # a recommendation of clang-14), and llvm-symbolizer for the stacks of sanitizer reports
   clang-14 libclang-rt-14-dev libfuzzer-14-dev llvm-14
@@ -47,6 +50,12 @@ if [[ -r /etc/os-release ]]; then
   if [[ $os_id != debian:12 ]]; then
     say "warning: this is ${os_id}, not debian:12; package names may differ" >&2
   fi
+fi
+
+# Debian ships npm apart from nodejs, while NodeSource's nodejs package carries its own npm and
+# conflicts with Debian's: ask for Debian's only where no npm command exists.
+if ! command -v npm >/dev/null 2>&1; then
+  PACKAGES+=(npm)
 fi
 
 # The packages dpkg reports as installed; a package dpkg does not know prints nothing here.

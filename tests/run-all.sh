@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up and runs the whole dispatchd test suite on a Debian 12 machine:
-#   1. install the build and test dependencies (deploy/install-deps.sh; skipped with --no-install),
+#   1. install the build and test dependencies (deploy/install-deps.sh, and the npm packages of
+#      tests/thirdparty/grpcjs with `npm ci`; skipped with --no-install),
 #   2. build everything with warnings as errors (deploy/build.sh -DDISPATCHD_WERROR=ON),
 #   3. run ctest: unit tests, then the store and e2e tests against a private PostgreSQL server that
 #      ctest's `pg` fixture starts and stops by itself, and the chaos tests (`-L chaos`), each of
@@ -24,7 +25,7 @@ for arg in "$@"; do
   case $arg in
     --no-install) install=0 ;;
     --help)
-      sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+      sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
       exit 0
       ;;
     *) ctest_args+=("$arg") ;;
@@ -55,6 +56,8 @@ phase() {
 
 if ((install)); then
   phase install bash deploy/install-deps.sh
+  # The grpc-js client of tests/thirdparty, at the versions its lock file pins.
+  phase npm timeout 600 npm ci --prefix tests/thirdparty/grpcjs --no-audit --no-fund
 else
   echo "run-all: --no-install: not checking packages"
 fi
