@@ -45,7 +45,9 @@ Scenarios:
           drain and latency, each with security off (plaintext loopback, no authentication)
           and on (TLS with an openssl-made P-256 certificate for 127.0.0.1, bearer tokens: a
           client token for the load generator, a worker token for the workers), in the same
-          run, off first in odd runs and on first in even ones. The medians of each, the
+          run: the drains one after the other, off first in odd runs and on first in even
+          ones; the latency probes of both at the same time, each against its own daemon, so
+          that other load on the machine falls on both alike. The medians of each, the
           drain's on/off ratio and the latencies' differences on - off.
 
 e2e and latency fail unless every job the clients were answered for exists, SUCCEEDED at its
@@ -79,6 +81,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -385,56 +388,108 @@ def run_latency(b, i):
     return latency_once(b, f"latency-{i}")
 
 
+def latency_start(b, name, security=None):
+    """A fresh daemon (with `security`, as drain_once's) and its workers, for the probes."""
+    a = b.args
+    d = Daemon(b, name, security)
+    d.start(["noop"])
+    d.start_workers(a.workers, ["noop"], a.slots, start_logs=True)
+    return d
+
+
+def latency_probe(b, d, rpc):
+    """The light-load probes of `rpc` (submit or runsync) against d: the load generator's
+    summary; its records go to d.dir."""
+    a = b.args
+    probe = ["--count", str(a.probes + a.warmup), "--warmup", str(a.warmup), "--rate",
+             str(a.rate), "--inflight", str(a.probe_inflight)]
+    wait = ["--wait-workers", str(a.workers)] if rpc == "submit" else []
+    return run_loadgen(b, d, wait + ["--record", os.path.join(d.dir, f"{rpc}-records"), "probe",
+                                     "--rpc", rpc] + probe, a.timeout)
+
+
 def latency_once(b, name, security=None):
     """Submit probes, then RunSync probes, at light load on a fresh daemon (with `security`, as
     drain_once's); the figures from the load generator's records and the workers' start logs."""
-    a = b.args
-    d = Daemon(b, name, security)
+    d = latency_start(b, name, security)
     try:
-        d.start(["noop"])
-        d.start_workers(a.workers, ["noop"], a.slots, start_logs=True)
-        probe = ["--count", str(a.probes + a.warmup), "--warmup", str(a.warmup), "--rate",
-                 str(a.rate), "--inflight", str(a.probe_inflight)]
-        sub_rec = os.path.join(d.dir, "submit-records")
-        run_rec = os.path.join(d.dir, "runsync-records")
-        sub = run_loadgen(b, d, ["--wait-workers", str(a.workers), "--record", sub_rec, "probe",
-                                 "--rpc", "submit"] + probe, a.timeout)
-        run = run_loadgen(b, d, ["--record", run_rec, "probe", "--rpc", "runsync"] + probe,
-                          a.timeout)
-        wait_drained(d, a.timeout)
-        d.stop_workers()
-        sub_records = read_records(sub_rec)
-        starts = read_start_logs(d.start_logs)
-        check_ran_once(d, sub_records + read_records(run_rec), 2 * (a.probes + a.warmup), starts)
-        measured = [(job_id, sent) for seq, job_id, sent, _ in sub_records if seq >= a.warmup]
-        to_worker = sorted(starts[job_id][0] - sent for job_id, sent in measured)
-        # Where the time goes, from the rows' timestamps (the database server's clock, the same
-        # CLOCK_REALTIME): created_at is the insert's transaction start, dispatched_at the claim's.
-        rows = {r[0]: (int(r[1]), int(r[2])) for r in psql(
-            d.url, "SELECT id, (extract(epoch FROM created_at) * 1e6)::int8, "
-                   "(extract(epoch FROM dispatched_at) * 1e6)::int8 FROM jobs")}
-        to_insert = sorted(rows[j][0] - sent for j, sent in measured)
-        to_claim = sorted(rows[j][1] - rows[j][0] for j, _ in measured)
-        to_handler = sorted(starts[j][0] - rows[j][1] for j, _ in measured)
-        ms = lambda us: round(us / 1000, 3)  # noqa: E731
-        return {"probes": len(to_worker),
-                "submit_to_worker_p50_ms": ms(percentile(to_worker, 0.5)),
-                "submit_to_worker_p99_ms": ms(percentile(to_worker, 0.99)),
-                "submit_to_worker_p999_ms": ms(percentile(to_worker, 0.999)),
-                "submit_to_worker_max_ms": ms(to_worker[-1]),
-                "send_to_insert_p50_ms": ms(percentile(to_insert, 0.5)),
-                "insert_to_claim_p50_ms": ms(percentile(to_claim, 0.5)),
-                "claim_to_handler_p50_ms": ms(percentile(to_handler, 0.5)),
-                "submit_ack_p50_ms": ms(sub["latency_us"]["p50"]),
-                "submit_ack_p99_ms": ms(sub["latency_us"]["p99"]),
-                "runsync_p50_ms": ms(run["latency_us"]["p50"]),
-                "runsync_p99_ms": ms(run["latency_us"]["p99"]),
-                "runsync_p999_ms": ms(run["latency_us"]["p999"]),
-                "runsync_max_ms": ms(run["latency_us"]["max"]),
-                "late_probes": sub["late"] + run["late"]}
+        return latency_figures(b, d, latency_probe(b, d, "submit"), latency_probe(b, d, "runsync"))
     finally:
         d.stop()
         d.drop()
+
+
+def latency_side_by_side(b, names, securities):
+    """latency_once for several configurations at once: a daemon and workers each, probed at the
+    same time (each at --rate), so that whatever else loads the machine weighs on all of them
+    alike. A list of figures, one per name."""
+    ds = []
+    try:
+        for name, sec in zip(names, securities):
+            ds.append(latency_start(b, name, sec))
+        figures = [{} for _ in ds]
+        for rpc in ("submit", "runsync"):
+            results, errors = [None] * len(ds), []
+
+            def probe(k):
+                try:
+                    results[k] = latency_probe(b, ds[k], rpc)
+                except BenchError as e:
+                    errors.append(e)
+
+            threads = [threading.Thread(target=probe, args=(k,)) for k in range(len(ds))]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            if errors:
+                raise errors[0]
+            for k, r in enumerate(results):
+                figures[k][rpc] = r
+        return [latency_figures(b, d, f["submit"], f["runsync"]) for d, f in zip(ds, figures)]
+    finally:
+        for d in ds:
+            d.stop()
+            d.drop()
+
+
+def latency_figures(b, d, sub, run):
+    """latency_once's figures from d's probes (`sub`, `run`: the load generator's summaries);
+    stops d's workers once every job has run."""
+    a = b.args
+    sub_rec = os.path.join(d.dir, "submit-records")
+    run_rec = os.path.join(d.dir, "runsync-records")
+    wait_drained(d, a.timeout)
+    d.stop_workers()
+    sub_records = read_records(sub_rec)
+    starts = read_start_logs(d.start_logs)
+    check_ran_once(d, sub_records + read_records(run_rec), 2 * (a.probes + a.warmup), starts)
+    measured = [(job_id, sent) for seq, job_id, sent, _ in sub_records if seq >= a.warmup]
+    to_worker = sorted(starts[job_id][0] - sent for job_id, sent in measured)
+    # Where the time goes, from the rows' timestamps (the database server's clock, the same
+    # CLOCK_REALTIME): created_at is the insert's transaction start, dispatched_at the claim's.
+    rows = {r[0]: (int(r[1]), int(r[2])) for r in psql(
+        d.url, "SELECT id, (extract(epoch FROM created_at) * 1e6)::int8, "
+               "(extract(epoch FROM dispatched_at) * 1e6)::int8 FROM jobs")}
+    to_insert = sorted(rows[j][0] - sent for j, sent in measured)
+    to_claim = sorted(rows[j][1] - rows[j][0] for j, _ in measured)
+    to_handler = sorted(starts[j][0] - rows[j][1] for j, _ in measured)
+    ms = lambda us: round(us / 1000, 3)  # noqa: E731
+    return {"probes": len(to_worker),
+            "submit_to_worker_p50_ms": ms(percentile(to_worker, 0.5)),
+            "submit_to_worker_p99_ms": ms(percentile(to_worker, 0.99)),
+            "submit_to_worker_p999_ms": ms(percentile(to_worker, 0.999)),
+            "submit_to_worker_max_ms": ms(to_worker[-1]),
+            "send_to_insert_p50_ms": ms(percentile(to_insert, 0.5)),
+            "insert_to_claim_p50_ms": ms(percentile(to_claim, 0.5)),
+            "claim_to_handler_p50_ms": ms(percentile(to_handler, 0.5)),
+            "submit_ack_p50_ms": ms(sub["latency_us"]["p50"]),
+            "submit_ack_p99_ms": ms(sub["latency_us"]["p99"]),
+            "runsync_p50_ms": ms(run["latency_us"]["p50"]),
+            "runsync_p99_ms": ms(run["latency_us"]["p99"]),
+            "runsync_p999_ms": ms(run["latency_us"]["p999"]),
+            "runsync_max_ms": ms(run["latency_us"]["max"]),
+            "late_probes": sub["late"] + run["late"]}
 
 
 # The figures of drain and latency that `security` sets side by side, off and on.
@@ -447,8 +502,11 @@ SECURITY_LATENCY = ("submit_to_worker_p50_ms", "submit_to_worker_p99_ms", "submi
 def run_security(b, i):
     """The drain and the latency probes, each once with security off (plaintext on loopback, no
     authentication: the default) and once on (TLS with a certificate for 127.0.0.1, bearer tokens:
-    the load generator's of role client, the workers' of role worker), in the same run. Odd runs
-    measure off first, even runs on first, so that a drift over the sitting falls on both."""
+    the load generator's of role client, the workers' of role worker), in the same run. The drains
+    (each takes the whole machine) run one after the other: odd runs off first, even runs on
+    first, so that a drift over the sitting falls on both. The latency probes of the two run at
+    the same time, each against its own daemon and workers, so that the machine's other load,
+    which moves a light-load p50 by milliseconds from one minute to the next, falls on both."""
     a = b.args
     if b.security is None:
         b.security = Security(os.path.join(b.workdir, "security"), ["noop"])
@@ -459,8 +517,10 @@ def run_security(b, i):
     for tag, sec in order:
         r = drain_once(b, f"drain-{tag}-{i}", a.jobs, security=sec)
         out.update({f"drain_{tag}_{k}": r[k] for k in SECURITY_DRAIN})
-    for tag, sec in order:
-        r = latency_once(b, f"latency-{tag}-{i}", security=sec)
+    # The latency probes of both at once: a light load each, under the same noise.
+    figures = latency_side_by_side(b, [f"latency-{tag}-{i}" for tag, _ in order],
+                                   [sec for _, sec in order])
+    for (tag, _), r in zip(order, figures):
         out.update({f"latency_{tag}_{k}": r[k] for k in SECURITY_LATENCY})
     # The same comparisons within this run (their medians are printed as `paired_*`).
     out["paired_drain_on_to_off"] = round(out["drain_on_jobs_per_s"] /
