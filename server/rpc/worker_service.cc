@@ -52,10 +52,13 @@ class WorkerStream final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc
       s = limits_.Open(sched::CallerLimits::Stream::kWorker, caller_.name,
                        config.worker_streams_per_principal);
       counted_ = s.ok();
+      if (!s.ok()) {
+        server::Log("grpc")->warn("worker stream refused peer={} error=\"{}\"", link_->peer(),
+                                  s.message());
+      }
     }
+    // A refused caller was logged by the gate.
     if (!s.ok()) {
-      server::Log("grpc")->warn("worker stream refused peer={} error=\"{}\"", link_->peer(),
-                                s.message());
       Close(s);
       return;
     }
