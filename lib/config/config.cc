@@ -136,6 +136,69 @@ absl::Status ValidateLimits(const LimitsConfig& l, int64_t max_payload_bytes) {
   return InRange("limits.submit_burst", l.submit.burst, 1, 1'000'000'000);
 }
 
+// Tenants: unique names, each principal in one tenant at most, floors under ceilings, and rates
+// on models (or model-less types) that exist. Runs after the types are checked.
+absl::Status ValidateTenants(const Config& c) {
+  absl::flat_hash_set<absl::string_view> names;
+  absl::flat_hash_map<absl::string_view, size_t> principal_of;
+  absl::flat_hash_set<std::string> rate_keys;
+  for (const JobTypeConfig& t : c.types) rate_keys.insert(t.rate_key());
+  for (size_t i = 0; i < c.tenants.size(); ++i) {
+    const TenantConfig& t = c.tenants[i];
+    const std::string key = absl::StrCat("tenants[", i, "]");
+    if (t.name.empty() || t.name.size() > 256) {
+      return Bad(absl::StrCat(key, ".name"), "want 1-256 bytes");
+    }
+    if (!names.insert(t.name).second) {
+      return Bad(absl::StrCat(key, ".name"), absl::StrCat("duplicate tenant \"", t.name, "\""));
+    }
+    if (t.principals.empty()) {
+      return Bad(absl::StrCat(key, ".principals"), "name at least one principal");
+    }
+    for (size_t j = 0; j < t.principals.size(); ++j) {
+      auto [it, fresh] = principal_of.try_emplace(t.principals[j], i);
+      if (!fresh) {
+        return Bad(absl::StrCat(key, ".principals[", j, "]"),
+                   absl::StrCat("principal \"", t.principals[j], "\" is already in tenants[",
+                                it->second, "]"));
+      }
+    }
+    if (!(t.weight >= 0.001 && t.weight <= 1e6)) {
+      return Bad(absl::StrCat(key, ".weight"),
+                 absl::StrCat("must be in [0.001, 1000000], got ", t.weight));
+    }
+    if (t.max_running < 1) {
+      return Bad(absl::StrCat(key, ".max_running"),
+                 absl::StrCat("must be >= 1, got ", t.max_running));
+    }
+    if (t.min_running < 0 || t.min_running > t.max_running) {
+      return Bad(absl::StrCat(key, ".min_running"),
+                 absl::StrCat("must be in [0, max_running], got ", t.min_running));
+    }
+    absl::flat_hash_set<absl::string_view> limited;
+    for (size_t j = 0; j < t.rates.size(); ++j) {
+      const TenantRate& r = t.rates[j];
+      const std::string rkey = absl::StrCat(key, ".rates[", j, "]");
+      if (!rate_keys.contains(r.model)) {
+        return Bad(absl::StrCat(rkey, ".model"),
+                   absl::StrCat("no type has model (or is the model-less type) \"", r.model, "\""));
+      }
+      if (!limited.insert(r.model).second) {
+        return Bad(absl::StrCat(rkey, ".model"),
+                   absl::StrCat("model \"", r.model, "\" already has a rate in this tenant"));
+      }
+      if (!(r.rate.per_second > 0 && r.rate.per_second <= 1e9)) {
+        return Bad(absl::StrCat(rkey, ".rps"),
+                   absl::StrCat("must be in (0, 1e9], got ", r.rate.per_second));
+      }
+      if (r.rate.burst < 1) {
+        return Bad(absl::StrCat(rkey, ".burst"), absl::StrCat("must be >= 1, got ", r.rate.burst));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 int64_t Config::MaxMessageBytes() const {
@@ -322,7 +385,7 @@ absl::Status Config::Validate() const {
       if (!m.rate.limited()) m.rate = t.rate;
     }
   }
-  return absl::OkStatus();
+  return ValidateTenants(*this);
 }
 
 const TierConfig* Config::FindTier(absl::string_view name) const {
@@ -330,6 +393,20 @@ const TierConfig* Config::FindTier(absl::string_view name) const {
     if (t.name == name) return &t;
   }
   return nullptr;
+}
+
+const TenantConfig* Config::TenantOf(absl::string_view principal) const {
+  for (const TenantConfig& t : tenants) {
+    for (const std::string& p : t.principals) {
+      if (p == principal) return &t;
+    }
+  }
+  return nullptr;
+}
+
+std::string Config::TenantNameOf(absl::string_view principal) const {
+  const TenantConfig* t = TenantOf(principal);
+  return t == nullptr ? std::string(principal) : t->name;
 }
 
 std::vector<std::string> Config::Warnings() const {
@@ -415,6 +492,7 @@ Config MergeReload(const Config& running, const Config& loaded,
   merged.scheduler.cost_alpha = loaded.scheduler.cost_alpha;
   merged.scheduler.key_ttl = loaded.scheduler.key_ttl;
   merged.max_active = loaded.max_active;
+  merged.tenants = loaded.tenants;
   merged.log_level = loaded.log_level;
   merged.auth = loaded.auth;
   merged.limits = loaded.limits;

@@ -205,6 +205,35 @@ struct LimitsConfig {
   bool operator==(const LimitsConfig&) const = default;
 };
 
+// A rate limit of one tenant on one model (or on a type with no model): `tenants[i].rates[j]`.
+struct TenantRate {
+  // A model, or a type that has no model: the key of the bucket this one sits beside.
+  std::string model;
+  RateLimit rate;
+
+  bool operator==(const TenantRate&) const = default;
+};
+
+// A tenant (`tenants[i]`): principals that share one fair share of the fleet. Fairness holds
+// between tenants first, by weight, then between the fairness keys inside a tenant. A principal
+// no tenant names is a tenant of its own, of weight 1, named after it; with no authentication
+// every job belongs to one tenant, the empty name.
+struct TenantConfig {
+  std::string name;
+  std::vector<std::string> principals;
+  // Share of the fleet against other tenants with work: a tenant of weight 3 is served three
+  // times the cost of a tenant of weight 1 while both have work.
+  double weight = 1;
+  // Jobs of the tenant placed on workers at once.
+  int max_running = kUnlimited;
+  // Slots guaranteed while it has queued work: below it, the tenant is served before any tenant
+  // at or above its own floor. Floor capacity it does not use is open to others.
+  int min_running = 0;
+  std::vector<TenantRate> rates;
+
+  bool operator==(const TenantConfig&) const = default;
+};
+
 // The daemon's whole configuration. Defaults sit in the member initializers; Validate() says
 // which key is wrong.
 struct Config {
@@ -243,6 +272,7 @@ struct Config {
   bool insecure = false;
   std::vector<TierConfig> tiers;
   std::vector<JobTypeConfig> types;
+  std::vector<TenantConfig> tenants;
 
   // OK, or InvalidArgument naming the offending key, e.g. "types[2].max_concurrency: must be >= 1".
   absl::Status Validate() const;
@@ -251,6 +281,11 @@ struct Config {
   const JobTypeConfig* FindType(absl::string_view name) const;
   // The tier named `name`, or nullptr (also for the empty name: the implicit default tier).
   const TierConfig* FindTier(absl::string_view name) const;
+  // The tenant that names `principal`, or nullptr (the principal is a tenant of its own).
+  const TenantConfig* TenantOf(absl::string_view principal) const;
+  // The tenant a job submitted by `principal` counts in: a configured tenant's name, or the
+  // principal's own.
+  std::string TenantNameOf(absl::string_view principal) const;
 
   // The gRPC message limit: limits.max_message_bytes, or what its 0 stands for.
   int64_t MaxMessageBytes() const;
@@ -263,12 +298,11 @@ struct Config {
 bool IsLoopbackAddress(absl::string_view host_port);
 
 // What a reload may change while the daemon runs: `types`, `tiers`, `scheduler.policy`,
-// `scheduler.cost_alpha`, `scheduler.key_ttl`, `max_active`, `log_level`, `limits` but for
-// `limits.max_message_bytes`, and `auth` (the
-// tokens file is read again even when its name is unchanged). The result is
-// `running` with those taken from `loaded`; every other key keeps its running value, and the
-// keys whose value differs in `loaded` are appended to `*restart_only` (e.g. "listen",
-// "postgres.url") so that the caller can say they wait for a restart.
+// `scheduler.cost_alpha`, `scheduler.key_ttl`, `max_active`, `tenants`, `log_level`, `limits` but
+// for `limits.max_message_bytes`, and `auth` (the tokens file is read again even when its name is
+// unchanged). The result is `running` with those taken from `loaded`; every other key keeps its
+// running value, and the keys whose value differs in `loaded` are appended to `*restart_only` (e.g.
+// "listen", "postgres.url") so that the caller can say they wait for a restart.
 Config MergeReload(const Config& running, const Config& loaded,
                    std::vector<std::string>* restart_only);
 

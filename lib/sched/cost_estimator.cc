@@ -21,6 +21,7 @@ void CostEstimator::Observe(const std::string& type, const std::string& resource
   Entry& e = it->second;
   e.cost = alpha_ * observed + (1 - alpha_) * e.cost;
   e.last_used = now;
+  e.changed = true;
 }
 
 void CostEstimator::Set(const std::string& type, const std::string& resource, double cost,

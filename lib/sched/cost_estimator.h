@@ -30,6 +30,15 @@ class CostEstimator {
   void Set(const std::string& type, const std::string& resource, double cost, absl::Time now);
   // Forgets estimates not used since `now - ttl`.
   void Expire(absl::Time now, absl::Duration ttl);
+  // Calls `fn(type, resource, cost)` for each estimate changed by Observe since the last call
+  // (every estimate with `all`), and forgets which changed.
+  template <typename Fn>
+  void TakeChanged(bool all, Fn fn) {
+    for (auto& [key, e] : estimates_) {
+      if (e.changed || all) fn(key.first, key.second, e.cost);
+      e.changed = false;
+    }
+  }
 
   size_t size() const { return estimates_.size(); }
 
@@ -37,6 +46,7 @@ class CostEstimator {
   struct Entry {
     double cost;
     absl::Time last_used;
+    bool changed = false;
   };
   double alpha_;
   absl::flat_hash_map<std::pair<std::string, std::string>, Entry> estimates_;

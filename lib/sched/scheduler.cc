@@ -22,6 +22,8 @@ absl::string_view ToString(WaitReason reason) {
     case WaitReason::kTypeCap: return "type_cap";
     case WaitReason::kConflict: return "conflict";
     case WaitReason::kRateLimit: return "rate_limit";
+    case WaitReason::kTenantCap: return "tenant_cap";
+    case WaitReason::kTenantRate: return "tenant_rate";
     case WaitReason::kNoWorker: return "no_worker";
     case WaitReason::kWorkersBusy: return "workers_busy";
     case WaitReason::kMemory: return "memory";
@@ -60,6 +62,7 @@ void Scheduler::UpdateConfig(const config::Config& config, absl::Time now) {
     if (job->where == Job::Where::kLane) queued.push_back(job.get());
   }
   for (Job* j : queued) RemoveFromLane(*j);
+  weight_overrides_.clear();
   ApplyConfig(config, now);
   for (Job* j : queued) {
     j->conflict = ConflictKey(*j->type, j->resource);
@@ -151,8 +154,18 @@ void Scheduler::ApplyConfig(const config::Config& config, absl::Time now) {
   for (auto& [name, type] : types_) {
     if (type->tier == nullptr || !type->configured) type->tier = implicit;
   }
+  // Tenants: weights, quotas and buckets. A job's tenant is fixed when it is queued; a reload
+  // that moves a principal to another tenant applies to its jobs queued after it.
+  tenant_configs_.clear();
+  tenant_of_principal_.clear();
+  for (const config::TenantConfig& t : config.tenants) {
+    tenant_configs_[t.name] = t;
+    for (const std::string& p : t.principals) tenant_of_principal_[p] = t.name;
+  }
+  for (auto& [name, tenant] : tenants_) ApplyTenant(*tenant, now);
   // Lanes follow their type's tier. UpdateConfig has emptied every lane, so none is filed.
-  for (auto& [value, tier] : tiers_) tier->keys.clear();
+  for (auto& [value, tier] : tiers_) tier->tenants.clear();
+  for (auto& [name, tenant] : tenants_) tenant->tiers.clear();
   for (auto& [name, key] : keys_) {
     key->tiers.clear();
     for (Lane* lane : key->lanes) TierKeyFor(*key, *lane->group->type->tier).lanes.push_back(lane);
@@ -214,15 +227,6 @@ Scheduler::TypeState& Scheduler::TypeFor(const std::string& name) {
   return *t;
 }
 
-Scheduler::KeyState& Scheduler::KeyFor(const std::string& name) {
-  std::unique_ptr<KeyState>& k = keys_[name];
-  if (k == nullptr) {
-    k = std::make_unique<KeyState>();
-    k->name = name;
-  }
-  return *k;
-}
-
 Scheduler::Group& Scheduler::GroupFor(TypeState& type, const job::Labels& labels) {
   std::vector<std::pair<std::string, std::string>> sorted(labels.begin(), labels.end());
   std::sort(sorted.begin(), sorted.end());
@@ -250,21 +254,6 @@ Scheduler::Lane& Scheduler::LaneFor(Group& group, KeyState& key) {
   return *lane;
 }
 
-Scheduler::TierKey& Scheduler::TierKeyFor(KeyState& key, TierState& tier) {
-  std::unique_ptr<TierKey>& tk = key.tiers[&tier];
-  if (tk == nullptr) tk = std::make_unique<TierKey>();
-  return *tk;
-}
-
-void Scheduler::RefileKey(KeyState& key) {
-  for (auto& [tier, tk] : key.tiers) {
-    if (!tk->filed || tk->filed_cost == key.cost) continue;
-    tier->keys.erase({tk->filed_cost, &key});
-    tier->keys.insert({key.cost, &key});
-    tk->filed_cost = key.cost;
-  }
-}
-
 // ---------------------------------------------------------------------------------------------
 // Pending jobs.
 
@@ -277,7 +266,7 @@ void Scheduler::Enqueue(PendingJob p) {
   j.type = &TypeFor(p.type);
   j.resource = std::move(p.resource_id);
   j.conflict = ConflictKey(*j.type, j.resource);
-  j.key = &KeyFor(p.fairness_key);
+  j.key = &KeyFor(TenantFor(p.owner), p.fairness_key);
   j.labels = std::move(p.labels);
   j.ord = Ord{p.arrival, next_seq_++};
   j.not_before = p.not_before;
@@ -287,8 +276,7 @@ void Scheduler::Enqueue(PendingJob p) {
   ++j.type->queued;
   ++j.type->tier->queued;
   if (j.type->model != nullptr) ++j.type->model->queued;
-  ++j.key->pending_by_type[j.type];
-  if (j.key->pending++ == 0 && j.key->placed == 0) ActivateKey(*j.key);
+  CountPending(j, +1);
   if (j.not_before > last_now_) {
     j.where = Job::Where::kDelayed;
     delayed_.insert({j.not_before, &j});
@@ -310,23 +298,9 @@ bool Scheduler::RemovePending(const std::string& job_id) {
   --j.type->queued;
   --j.type->tier->queued;
   if (j.type->model != nullptr) --j.type->model->queued;
-  KeyState& key = *j.key;
-  --key.pending_by_type[j.type];
+  CountPending(j, -1);
   jobs_.erase(it);
-  if (--key.pending == 0 && key.placed == 0) DeactivateKey(key);
   return true;
-}
-
-void Scheduler::ActivateKey(KeyState& key) {
-  // A key back from idle starts at the virtual time: no credit banked while away.
-  key.cost = std::max(key.cost, VirtualTime());
-  RefileKey(key);
-}
-
-void Scheduler::DeactivateKey(KeyState& key) { key.idle_since = last_now_; }
-
-double Scheduler::VirtualTime() const {
-  return start_tags_.empty() ? last_virtual_time_ : *start_tags_.begin();
 }
 
 void Scheduler::PromoteDue(absl::Time now) {
@@ -413,37 +387,47 @@ void Scheduler::RefileLane(Lane& lane) {
   }
   if (lane.filed == ready) return;
   lane.filed = ready;
-  // The key is in its tier's order while any of its lanes there has a ready job.
+  // The key is in its tenant's order in the tier while any of its lanes there has a ready job.
   TierState& tier = *g.type->tier;
   TierKey& tk = TierKeyFor(*lane.key, tier);
   if (ready && tk.ready_lanes++ == 0) {
-    tier.keys.insert({lane.key->cost, lane.key});
-    tk.filed = true;
-    tk.filed_cost = lane.key->cost;
+    FileKey(tier, *lane.key, tk, true);
   } else if (!ready && --tk.ready_lanes == 0) {
-    tier.keys.erase({tk.filed_cost, lane.key});
-    tk.filed = false;
+    FileKey(tier, *lane.key, tk, false);
   }
 }
 
-Scheduler::Job* Scheduler::BestJob(TierState& tier, Fit fit, const ModelState* model) {
-  // Keys in cost order: the first key with a matching ready job wins, except that keys of the
-  // very same cost are compared by their jobs' arrival, as the order (cost, arrival) says.
+Scheduler::Job* Scheduler::BestJob(TierState& tier, Fit fit, const ModelState* model,
+                                   absl::Time now, bool floor_only) {
+  // Tenants in (rank, cost) order, then their keys in cost order: the first with a matching ready
+  // job wins, except that tenants (and keys) of the very same place are compared by their jobs'
+  // arrival, as the order says.
   Job* best = nullptr;
-  double best_cost = 0;
-  for (const auto& [cost, key] : tier.keys) {
-    if (best != nullptr && cost > best_cost) break;
-    TierKey& tk = *key->tiers.at(&tier);
-    for (Lane* lane : tk.lanes) {
-      if (lane->ready.empty()) continue;
-      const Group& g = *lane->group;
-      if (g.stamp != stamp_ || g.fit != fit) continue;
-      if (model != nullptr && g.type->model != model) continue;
-      Job* head = lane->ready.begin()->second;
-      if (best == nullptr || head->ord < best->ord) {
-        best = head;
-        best_cost = cost;
+  std::pair<int, double> best_place;
+  for (const auto& [rank, tenant_cost, tenant] : tier.tenants) {
+    if (floor_only && rank > 0) break;
+    if (best != nullptr && std::make_pair(rank, tenant_cost) > best_place) break;
+    if (tenant->capped()) continue;
+    Job* in_tenant = nullptr;
+    double in_cost = 0;
+    for (const auto& [cost, key] : tenant->tiers.at(&tier)->keys) {
+      if (in_tenant != nullptr && cost > in_cost) break;
+      for (Lane* lane : key->tiers.at(&tier)->lanes) {
+        if (lane->ready.empty()) continue;
+        const Group& g = *lane->group;
+        if (g.stamp != stamp_ || g.fit != fit) continue;
+        if (model != nullptr && g.type->model != model) continue;
+        if (!tenant->buckets.empty() && !TenantOpen(*tenant, *g.type, now)) continue;
+        Job* head = lane->ready.begin()->second;
+        if (in_tenant == nullptr || head->ord < in_tenant->ord) {
+          in_tenant = head;
+          in_cost = cost;
+        }
       }
+    }
+    if (in_tenant != nullptr && (best == nullptr || in_tenant->ord < best->ord)) {
+      best = in_tenant;
+      best_place = {rank, tenant_cost};
     }
   }
   return best;
@@ -497,6 +481,8 @@ std::vector<std::string> Scheduler::RemoveWorker(const std::string& worker_id) {
   std::sort(orphans.begin(), orphans.end());
   for (const std::string& id : orphans) {
     auto job = jobs_.find(id);
+    // The attempt is lost: its key pays for the time it held the slot, no more.
+    Settle(*job->second, absl::ToDoubleSeconds(last_now_ - job->second->placed_at));
     Unplace(*job->second);
     jobs_.erase(job);
   }
@@ -668,14 +654,15 @@ Scheduler::Choice Scheduler::ChooseFor(WorkerState& w, absl::Time now) {
   if (w.swap_to != nullptr) {
     // Reserved for a starved model: take it once the models in use drain enough to fit.
     ModelState* target = w.swap_to;
-    Group* oldest = nullptr;
+    Lane* oldest = nullptr;
     for (TierState* tier : tiers_desc_) {
       for (TypeState* t : tier->types) {
         if (t->model != target) continue;
         for (auto& g : t->groups) {
           if (!GroupOpen(*g, now) || !ServesAndMatches(w, *g) || !Starved(*g, now)) continue;
-          if (oldest == nullptr || g->by_age.begin()->first < oldest->by_age.begin()->first) {
-            oldest = g.get();
+          Lane* lane = FirstOpenLane(*g, now);
+          if (lane != nullptr && (oldest == nullptr || lane->aged_head < oldest->aged_head)) {
+            oldest = lane;
           }
         }
       }
@@ -685,8 +672,7 @@ Scheduler::Choice Scheduler::ChooseFor(WorkerState& w, absl::Time now) {
     } else if (!Fits(w, target)) {
       return {};
     } else {
-      Lane* lane = oldest->by_age.begin()->second;
-      return {lane->ready.begin()->second, !Resident(w, target)};
+      return {oldest->ready.begin()->second, !Resident(w, target)};
     }
   }
 
@@ -697,7 +683,7 @@ Scheduler::Choice Scheduler::ChooseFor(WorkerState& w, absl::Time now) {
   std::vector<LoadCandidate> loads;
   ++stamp_;  // forget every group's fit from earlier decisions
   for (TierState* tier : tiers_desc_) {
-    if (tier->running >= tier->cap || tier->queued == 0 || tier->keys.empty()) continue;
+    if (tier->running >= tier->cap || tier->queued == 0 || tier->tenants.empty()) continue;
     bool any_resident = false;
     Job* starved = nullptr;  // the overdue job, of a model to load, whose key has used least
     loads.clear();
@@ -715,14 +701,12 @@ Scheduler::Choice Scheduler::ChooseFor(WorkerState& w, absl::Time now) {
           any_resident = true;
           continue;
         }
-        // Of the overdue lanes (the front of by_age), the one whose key has used least.
+        // Of the overdue lanes (the front of by_age), the one owed most service.
         for (const auto& [head, lane] : g->by_age) {
           if (now - head.arrival <= t->cfg.max_affinity_wait) break;
+          if (!TenantOpen(*lane->key->tenant, *t, now)) continue;
           Job* j = lane->ready.begin()->second;
-          if (starved == nullptr || j->key->cost < starved->key->cost ||
-              (j->key->cost == starved->key->cost && j->ord < starved->ord)) {
-            starved = j;
-          }
+          if (starved == nullptr || Before(*j, *starved)) starved = j;
         }
         if (!Fits(w, t->model)) continue;
         g->fit = Fit::kLoad;
@@ -735,11 +719,20 @@ Scheduler::Choice Scheduler::ChooseFor(WorkerState& w, absl::Time now) {
         }
       }
     }
-    Job* resident = any_resident ? BestJob(*tier, Fit::kResident, nullptr) : nullptr;
-    // An overdue job of another model takes the worker only if its key is owed service more
-    // than the key the worker would serve instead: one client's backlog of many models never
-    // makes the worker thrash, but a lighter client never waits much past max_affinity_wait.
-    if (starved != nullptr && (resident == nullptr || starved->key->cost < resident->key->cost)) {
+    Job* resident = any_resident ? BestJob(*tier, Fit::kResident, nullptr, now) : nullptr;
+    // A tenant below its floor is served first, with a model load if the worker has none of its
+    // work resident.
+    if (resident == nullptr || resident->key->tenant->rank() > 0) {
+      if (Job* floor = BestJob(*tier, Fit::kLoad, nullptr, now, /*floor_only=*/true)) {
+        return {floor, true};
+      }
+    }
+    // An overdue job of another model takes the worker only if its tenant (or, in the same
+    // tenant, its key) is owed service more than the one the worker would serve instead: one
+    // client's backlog of many models never makes the worker thrash, but a lighter client never
+    // waits much past max_affinity_wait.
+    if (starved != nullptr &&
+        (resident == nullptr || Before(*starved, *resident, /*strict_cost=*/true))) {
       ModelState* m = starved->type->model;
       if (!Fits(w, m)) {
         w.swap_to = m;  // stop feeding the models in use so that they drain
@@ -761,10 +754,9 @@ Scheduler::Choice Scheduler::ChooseFor(WorkerState& w, absl::Time now) {
       int64_t depth = 0;
       for (const LoadCandidate& c : loads) {
         if (c.depth < depth) continue;
-        Job* j = BestJob(*tier, Fit::kLoad, c.model);
+        Job* j = BestJob(*tier, Fit::kLoad, c.model, now);
         if (j == nullptr) continue;
-        if (pick == nullptr || c.depth > depth || j->key->cost < pick->key->cost ||
-            (j->key->cost == pick->key->cost && j->ord < pick->ord)) {
+        if (pick == nullptr || c.depth > depth || Before(*j, *pick)) {
           pick = j;
           depth = c.depth;
         }
@@ -776,22 +768,23 @@ Scheduler::Choice Scheduler::ChooseFor(WorkerState& w, absl::Time now) {
 }
 
 Scheduler::Choice Scheduler::ChooseFifo(WorkerState& w, absl::Time now) {
-  Group* oldest = nullptr;
+  // Tenants' quotas hold here too; their weights and floors do not.
+  Lane* oldest = nullptr;
   for (TierState* tier : tiers_desc_) {
     if (tier->running >= tier->cap || tier->queued == 0) continue;
     for (TypeState* t : tier->types) {
       if (t->index >= w.serves.size() || !w.serves[t->index]) continue;
       for (auto& g : t->groups) {
         if (!GroupOpen(*g, now) || !ServesAndMatches(w, *g) || !Fits(w, t->model)) continue;
-        if (oldest == nullptr || g->by_age.begin()->first < oldest->by_age.begin()->first) {
-          oldest = g.get();
+        Lane* lane = FirstOpenLane(*g, now);
+        if (lane != nullptr && (oldest == nullptr || lane->aged_head < oldest->aged_head)) {
+          oldest = lane;
         }
       }
     }
   }
   if (oldest == nullptr) return {};
-  Lane* lane = oldest->by_age.begin()->second;
-  return {lane->ready.begin()->second, !Resident(w, oldest->type->model)};
+  return {oldest->ready.begin()->second, !Resident(w, oldest->group->type->model)};
 }
 
 void Scheduler::Place(Job& j, WorkerState* w, absl::Time now, bool loads_model) {
@@ -802,13 +795,19 @@ void Scheduler::Place(Job& j, WorkerState* w, absl::Time now, bool loads_model) 
   --pending_count_;
   --t.queued;
   --t.tier->queued;
+  // Pending to placed: the key and its tenant stay active throughout.
   --j.key->pending;
+  --j.key->tenant->pending;
   --j.key->pending_by_type[&t];
   if (t.model != nullptr) --t.model->queued;
   Occupy(j, w->spec.id);
   if (t.bucket != nullptr) {
     bool took = t.bucket->TryTake(now);
     DISPATCHD_CHECK(took, "placed a job whose bucket was empty");
+  }
+  if (auto b = j.key->tenant->buckets.find(t.cfg.rate_key()); b != j.key->tenant->buckets.end()) {
+    bool took = b->second->TryTake(now);
+    DISPATCHD_CHECK(took, "placed a job whose tenant's bucket was empty");
   }
   if (t.model != nullptr) {
     t.model->last_served = now;
@@ -818,19 +817,10 @@ void Scheduler::Place(Job& j, WorkerState* w, absl::Time now, bool loads_model) 
   Attach(j, *w);
 }
 
-void Scheduler::Charge(Job& j, absl::Time now) {
-  j.charged = costs_.Estimate(j.type->name, j.resource, j.type->cfg.default_cost, now);
-  j.start_tag = j.key->cost;
-  j.key->cost += j.charged;
-  RefileKey(*j.key);
-  start_tags_.insert(j.start_tag);
-  last_virtual_time_ = *start_tags_.begin();
-}
-
 void Scheduler::Occupy(Job& j, const std::string& worker_id) {
   TypeState& t = *j.type;
   ++placed_count_;
-  ++j.key->placed;
+  CountPlaced(j, +1);
   j.where = Job::Where::kPlaced;
   j.worker_id = worker_id;
   j.model = t.model;
@@ -873,7 +863,6 @@ void Scheduler::Unplace(Job& j) {
       SetConflictBusy(j.conflict, false);
     }
   }
-  if (auto tag = start_tags_.find(j.start_tag); tag != start_tags_.end()) start_tags_.erase(tag);
   if (WorkerState* w = j.worker; w != nullptr) {
     w->jobs.erase(&j);
     --w->busy;
@@ -887,8 +876,7 @@ void Scheduler::Unplace(Job& j) {
     }
     UpdateAvailable(*w);
   }
-  KeyState& key = *j.key;
-  if (--key.placed == 0 && key.pending == 0) DeactivateKey(key);
+  CountPlaced(j, -1);
 }
 
 void Scheduler::SetConflictBusy(const std::string& conflict, bool busy) {
@@ -906,6 +894,7 @@ void Scheduler::SetConflictBusy(const std::string& conflict, bool busy) {
 void Scheduler::Adopt(const PlacedJob& p) {
   if (auto it = jobs_.find(p.id); it != jobs_.end()) {
     if (it->second->where == Job::Where::kPlaced) {
+      Settle(*it->second, absl::ToDoubleSeconds(last_now_ - it->second->placed_at));
       Unplace(*it->second);
       jobs_.erase(it);
     } else {
@@ -918,7 +907,7 @@ void Scheduler::Adopt(const PlacedJob& p) {
   j.type = &TypeFor(p.type);
   j.resource = p.resource_id;
   j.conflict = ConflictKey(*j.type, j.resource);
-  j.key = &KeyFor(p.fairness_key);
+  j.key = &KeyFor(TenantFor(p.owner), p.fairness_key);
   j.ord = Ord{last_now_, next_seq_++};
   jobs_.emplace(j.id, std::move(owned));
   if (j.key->placed == 0 && j.key->pending == 0) ActivateKey(*j.key);
@@ -931,13 +920,10 @@ void Scheduler::Retract(const std::string& job_id) {
   auto it = jobs_.find(job_id);
   if (it == jobs_.end() || it->second->where != Job::Where::kPlaced) return;
   Job& j = *it->second;
-  KeyState& key = *j.key;
-  double refund = j.charged;
+  // The job did not run: give its cost back.
+  Settle(j, 0);
   Unplace(j);
   jobs_.erase(it);
-  // The job did not run: give its cost back.
-  key.cost -= refund;
-  RefileKey(key);
 }
 
 void Scheduler::Refused(const std::string& job_id) {
@@ -960,6 +946,10 @@ void Scheduler::Finished(const std::string& job_id, absl::Time now,
   if (ran.has_value()) {
     costs_.Observe(j.type->name, j.resource, *ran, j.type->cfg.default_cost, now);
   }
+  // Honest cost: the charge becomes what the attempt used, its reported wall time or, for one
+  // that did not run to an outcome (cancelled, timed out), the time it held its slot.
+  const absl::Duration used = ran.has_value() ? *ran : now - j.placed_at;
+  Settle(j, absl::ToDoubleSeconds(used));
   Unplace(j);
   jobs_.erase(it);
 }
@@ -976,8 +966,21 @@ void Scheduler::Housekeep(absl::Time now) {
   for (const std::string& name : idle) {
     KeyState* key = keys_.at(name).get();
     for (Lane* lane : key->lanes) lane->group->lanes.erase(key);
+    for (auto& [tier, tk] : key->tiers) {
+      auto tt = key->tenant->tiers.find(tier);
+      if (tt != key->tenant->tiers.end()) tt->second->keys.erase({tk->filed_cost, key});
+    }
+    --key->tenant->keys;
+    std::vector<KeyState*>& same_name = keys_by_name_[key->name];
+    same_name.erase(std::find(same_name.begin(), same_name.end(), key));
+    if (same_name.empty()) keys_by_name_.erase(key->name);
     keys_.erase(name);
   }
+  // A tenant is forgotten with its last key; back, it starts at the virtual time.
+  absl::erase_if(tenants_, [&](const auto& kv) {
+    const TenantState& t = *kv.second;
+    return t.keys == 0 && t.pending == 0 && t.placed == 0 && t.idle_since + key_ttl_ < now;
+  });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1013,6 +1016,8 @@ WaitInfo Scheduler::WhyWaiting(const std::string& job_id, absl::Time now) const 
   auto it = jobs_.find(job_id);
   if (it == jobs_.end() || it->second->where == Job::Where::kPlaced) return info;
   const Job& j = *it->second;
+  const TenantState& tenant = *j.key->tenant;
+  info.tenant = tenant.name;
   if (j.where == Job::Where::kDelayed) {
     info.reason = j.not_before > now ? WaitReason::kNotBefore : WaitReason::kInLine;
     return info;
@@ -1028,17 +1033,26 @@ WaitInfo Scheduler::WhyWaiting(const std::string& job_id, absl::Time now) const 
     for (const auto& [conflict, ord, other] : lane.by_conflict) info.position += ord < j.ord;
   }
   if (lane.filed) {
-    // Keys served before this job's key in its tier that have ready jobs of the same group.
-    const TierState& tier = *lane.group->type->tier;
-    for (const auto& [cost, key] : tier.keys) {
-      if (key == j.key || cost > j.key->cost) break;
-      for (const Lane* other : key->tiers.at(const_cast<TierState*>(&tier))->lanes) {
-        if (other->group == lane.group && other->filed) {
-          ++info.keys_ahead;
-          break;
+    // Keys served before this job's key in its tier that have ready jobs of the same group: all
+    // such keys of tenants placed before its tenant, and those before it in its own tenant.
+    TierState* tier = lane.group->type->tier;
+    auto count_keys = [&](const TenantState& t, bool own) {
+      for (const auto& [cost, key] : t.tiers.at(tier)->keys) {
+        if (own && (key == j.key || cost > j.key->cost)) break;
+        for (const Lane* other : key->tiers.at(tier)->lanes) {
+          if (other->group == lane.group && other->filed) {
+            ++info.keys_ahead;
+            break;
+          }
         }
       }
+    };
+    for (const auto& [rank, cost, t] : tier->tenants) {
+      if (t == &tenant) break;
+      if (std::make_pair(rank, cost) > std::make_pair(tenant.rank(), tenant.cost)) break;
+      count_keys(*t, false);
     }
+    count_keys(tenant, true);
   }
 
   if (!j.conflict.empty() && !j.in_ready) {
@@ -1046,7 +1060,13 @@ WaitInfo Scheduler::WhyWaiting(const std::string& job_id, absl::Time now) const 
                                                           : WaitReason::kInLine;
     return info;
   }
-  info.reason = WhyGroupWaits(*lane.group, now);
+  if (tenant.capped()) {
+    info.reason = WaitReason::kTenantCap;
+  } else if (!TenantOpen(tenant, *j.type, now)) {
+    info.reason = WaitReason::kTenantRate;
+  } else {
+    info.reason = WhyGroupWaits(*lane.group, now);
+  }
   return info;
 }
 
@@ -1056,6 +1076,12 @@ absl::Time Scheduler::NextWakeup(absl::Time now) const {
   for (const auto& [name, t] : types_) {
     if (t->bucket == nullptr || t->queued == 0 || t->bucket->Ready(now)) continue;
     next = std::min(next, t->bucket->NextTokenAt());
+  }
+  for (const auto& [name, t] : tenants_) {
+    if (t->pending == 0) continue;
+    for (const auto& [key, bucket] : t->buckets) {
+      if (!bucket->Ready(now)) next = std::min(next, bucket->NextTokenAt());
+    }
   }
   return std::max(next, now);
 }
@@ -1131,6 +1157,18 @@ SchedulerStats Scheduler::Stats(absl::Time now, size_t max_keys) const {
   keys.reserve(keys_.size());
   for (const auto& [name, key] : keys_) keys.push_back(key.get());
   s.keys_total = static_cast<int64_t>(keys.size());
+  for (const auto& [name, t] : tenants_) {
+    s.tenants.push_back({.name = t->name,
+                         .weight = t->weight,
+                         .queued = t->pending,
+                         .running = t->placed,
+                         .cost = t->cost,
+                         .max_running = t->max_running,
+                         .min_running = t->min_running,
+                         .keys = t->keys});
+  }
+  std::sort(s.tenants.begin(), s.tenants.end(),
+            [](const auto& a, const auto& b) { return a.name < b.name; });
   auto by_cost = [](const KeyState* a, const KeyState* b) {
     return a->cost != b->cost ? a->cost < b->cost : a->name < b->name;
   };
@@ -1140,6 +1178,7 @@ SchedulerStats Scheduler::Stats(absl::Time now, size_t max_keys) const {
   for (size_t i = 0; i < n; ++i) {
     const KeyState* key = keys[i];
     SchedulerStats::Key out{key->name, key->pending, key->placed, key->cost};
+    out.tenant = key->tenant->name;
     const Lane* best = nullptr;
     for (const Lane* lane : key->lanes) {
       if (lane->filed && (best == nullptr || lane->aged_head < best->aged_head)) best = lane;
@@ -1194,6 +1233,7 @@ std::vector<std::string> Scheduler::Audit(bool repair) {
   absl::flat_hash_map<const TierState*, Counts> tiers;
   absl::flat_hash_map<const ModelState*, Counts> models;
   absl::flat_hash_map<const KeyState*, Counts> keys;
+  absl::flat_hash_map<const TenantState*, Counts> tenants;
   absl::flat_hash_map<const KeyState*, absl::flat_hash_map<const TypeState*, int64_t>>
       key_types;
   absl::flat_hash_map<const WorkerState*, int> busy;
@@ -1207,6 +1247,7 @@ std::vector<std::string> Scheduler::Audit(bool repair) {
       ++tiers[j->type->tier].running;
       if (j->model != nullptr) ++models[j->model].running;
       ++keys[j->key].running;
+      ++tenants[j->key->tenant].running;
       if (j->worker != nullptr) {
         ++busy[j->worker];
         if (j->model != nullptr) ++in_use[j->worker][j->model];
@@ -1218,6 +1259,7 @@ std::vector<std::string> Scheduler::Audit(bool repair) {
       ++tiers[j->type->tier].queued;
       if (j->type->model != nullptr) ++models[j->type->model].queued;
       ++keys[j->key].queued;
+      ++tenants[j->key->tenant].queued;
       ++key_types[j->key][j->type];
     }
   }
@@ -1253,6 +1295,12 @@ std::vector<std::string> Scheduler::Audit(bool repair) {
               "jobs pending");
       }
     }
+  }
+  for (auto& [name, t] : tenants_) {
+    Counts c = tenants[t.get()];
+    bool changed = check(t->placed, c.running, "tenant \"" + name + "\"", "placed", "jobs placed");
+    check(t->pending, c.queued, "tenant \"" + name + "\"", "pending", "jobs pending");
+    if (repair && changed) RefileTenant(*t);
   }
   for (auto& [id, w] : workers_) {
     const std::string what = "worker " + id;
@@ -1309,10 +1357,14 @@ int64_t Scheduler::queued_of_type(const std::string& type) const {
 
 int64_t Scheduler::queued_of(const std::string& type, const std::string& fairness_key) const {
   auto t = types_.find(type);
-  auto k = keys_.find(fairness_key);
-  if (t == types_.end() || k == keys_.end()) return 0;
-  auto n = k->second->pending_by_type.find(t->second.get());
-  return n == k->second->pending_by_type.end() ? 0 : n->second;
+  auto keys = keys_by_name_.find(fairness_key);
+  if (t == types_.end() || keys == keys_by_name_.end()) return 0;
+  int64_t queued = 0;
+  for (const KeyState* k : keys->second) {
+    auto n = k->pending_by_type.find(t->second.get());
+    if (n != k->pending_by_type.end()) queued += n->second;
+  }
+  return queued;
 }
 
 int Scheduler::running_of_type(const std::string& type) const {
@@ -1334,11 +1386,6 @@ std::string Scheduler::WorkerOf(const std::string& job_id) const {
   auto it = jobs_.find(job_id);
   if (it == jobs_.end() || it->second->where != Job::Where::kPlaced) return "";
   return it->second->worker_id;
-}
-
-double Scheduler::KeyCost(const std::string& fairness_key) const {
-  auto it = keys_.find(fairness_key);
-  return it == keys_.end() ? 0 : it->second->cost;
 }
 
 std::vector<WorkerView> Scheduler::Workers() const {

@@ -26,6 +26,8 @@ struct PendingJob {
   int32_t attempt = 0;  // attempts started so far
   std::string resource_id;
   std::string fairness_key;
+  // The principal that submitted it (empty without authentication): names its tenant.
+  std::string owner;
   job::Labels labels;
   absl::Time not_before = absl::InfinitePast();
   // Arrival (the job's created_at): FIFO order, kept when a refused job returns to the queue.
@@ -38,6 +40,7 @@ struct PlacedJob {
   std::string type;
   std::string resource_id;
   std::string fairness_key;
+  std::string owner;
   std::string worker_id;
 };
 
@@ -66,6 +69,25 @@ struct Dispatch {
   double key_cost = 0;
 };
 
+// What a scheduler has learned that outlives it: each tenant's and key's settled cost (what
+// ended jobs were charged, corrected; not the estimates of jobs in service), the virtual time,
+// and the cost estimates. Persisted by the caller so that a restart or a failover keeps shares.
+struct FairAccounts {
+  struct Account {
+    std::string tenant;
+    std::string key;  // empty: the tenant's own account
+    double cost = 0;
+  };
+  struct Estimate {
+    std::string type;
+    std::string resource;
+    double cost = 0;
+  };
+  double virtual_time = 0;
+  std::vector<Account> accounts;
+  std::vector<Estimate> estimates;
+};
+
 // Why a pending job is not dispatched now. One enum so logs, metrics and API messages agree.
 enum class WaitReason {
   kNone,           // it would be dispatched now
@@ -74,6 +96,8 @@ enum class WaitReason {
   kTypeCap,        // its type runs max_concurrency jobs
   kConflict,       // a job of its conflict group runs on its resource_id
   kRateLimit,      // its model's token bucket is empty
+  kTenantCap,      // its tenant runs max_running jobs
+  kTenantRate,     // its tenant's bucket for its model is empty
   kNoWorker,       // no connected worker serves its type and labels
   kWorkersBusy,    // workers that could take it have no free slot
   kMemory,         // workers with a free slot are memory-throttled
@@ -90,6 +114,7 @@ struct WaitInfo {
   int64_t position = 0;
   // Fairness keys whose jobs of this type come before its key's.
   int64_t keys_ahead = 0;
+  std::string tenant;
 };
 
 // Per-worker view for AdminService and tests.
@@ -135,11 +160,21 @@ struct SchedulerStats {
     int64_t queued = 0, running = 0;
     double cost = 0;
     WaitReason head = WaitReason::kNone;
+    std::string tenant;
+  };
+  struct Tenant {
+    std::string name;
+    double weight = 1;
+    int64_t queued = 0, running = 0;
+    double cost = 0;  // weight-normalised service
+    int max_running = 0, min_running = 0;
+    int64_t keys = 0;
   };
   std::vector<Tier> tiers;    // by priority, highest first
   std::vector<Type> types;    // by name
   std::vector<Model> models;  // by name
   std::vector<Key> keys;      // by accumulated cost, lowest first
+  std::vector<Tenant> tenants;  // by name
   int64_t keys_total = 0;     // fairness keys known, also those left out of `keys`
   double virtual_time = 0;
 };
@@ -200,6 +235,16 @@ class Scheduler {
   // Seeds the cost estimate of (type, resource_id), e.g. from persisted observations.
   void SetCostEstimate(const std::string& type, const std::string& resource_id, double cost,
                        absl::Time now);
+
+  // Changes a tenant's weight until the next UpdateConfig (a tenant not in the config, too). False
+  // unless 0.001 <= weight <= 1e6.
+  bool SetTenantWeight(const std::string& tenant, double weight, absl::Time now);
+
+  // The accounts changed since the last call, or all of them with `all`.
+  FairAccounts TakeAccounts(bool all = false);
+  // Takes accounts saved by an earlier scheduler, before any job is enqueued or adopted: jobs
+  // adopted after it are charged on top, as jobs in service.
+  void RestoreAccounts(const FairAccounts& accounts, absl::Time now);
 
   // A job became QUEUED. Re-enqueueing a job the scheduler already holds keeps one copy.
   void Enqueue(PendingJob job);
@@ -286,7 +331,10 @@ class Scheduler {
   // Ids of the jobs placed on `worker_id`, sorted; empty for an unknown worker.
   std::vector<std::string> JobsOn(const std::string& worker_id) const;
   std::vector<WorkerView> Workers() const;
+  // Accumulated cost of a fairness key (of the first tenant that has one by that name).
   double KeyCost(const std::string& fairness_key) const;
+  // Weight-normalised accumulated cost of a tenant; 0 if unknown.
+  double TenantCost(const std::string& tenant) const;
 
  private:
   friend class SchedulerTestPeer;  // tests inject drift to check Audit
@@ -297,6 +345,8 @@ class Scheduler {
   struct TierState;
   struct ModelState;
   struct KeyState;
+  struct TenantState;
+  struct TierTenant;
   struct WorkerState;
   struct Choice;
 
@@ -315,7 +365,9 @@ class Scheduler {
   struct TierKey;
 
   TypeState& TypeFor(const std::string& name);
-  KeyState& KeyFor(const std::string& name);
+  TenantState& TenantFor(const std::string& owner);
+  KeyState& KeyFor(TenantState& tenant, const std::string& name);
+  void ApplyTenant(TenantState& tenant, absl::Time now);
   Group& GroupFor(TypeState& type, const job::Labels& labels);
   Lane& LaneFor(Group& group, KeyState& key);
   void ApplyConfig(const config::Config& config, absl::Time now);
@@ -328,19 +380,37 @@ class Scheduler {
   void ReadyErase(Lane& lane, Job& job);
   void RefileLane(Lane& lane);
   TierKey& TierKeyFor(KeyState& key, TierState& tier);
+  TierTenant& TierTenantFor(TenantState& tenant, TierState& tier);
   // Moves the key to its cost in every tier order it is in.
   void RefileKey(KeyState& key);
-  // The first job in (cost, arrival) order among groups of `tier` whose fit for the worker being
-  // decided for is `fit` (and of `model`, unless null); null if none.
-  Job* BestJob(TierState& tier, Fit fit, const ModelState* model);
+  // Moves the tenant to its (rank, cost) in every tier order it is in.
+  void RefileTenant(TenantState& tenant);
+  void FileKey(TierState& tier, KeyState& key, TierKey& tk, bool ready);
+  // The first job in (tenant rank, tenant cost, key cost, arrival) order among groups of `tier`
+  // whose fit for the worker being decided for is `fit` (and of `model`, unless null) and whose
+  // tenant may run it now; only tenants below their floor if `floor_only`. Null if none.
+  Job* BestJob(TierState& tier, Fit fit, const ModelState* model, absl::Time now,
+               bool floor_only = false);
+  // True if `a` comes before `b` in that order; with `strict_cost`, only if its tenant's or its
+  // key's cost is lower (arrival does not count).
+  static bool Before(const Job& a, const Job& b, bool strict_cost = false);
+  // The tenant of `lane` may run one more of its jobs now: under max_running, a token in its
+  // bucket for the lane's model.
+  bool TenantOpen(const TenantState& tenant, const TypeState& type, absl::Time now) const;
+  // The first lane of `g`, by its head's arrival, whose tenant may run a job now; null if none.
+  Lane* FirstOpenLane(const Group& g, absl::Time now) const;
   void ActivateKey(KeyState& key);
   void DeactivateKey(KeyState& key);
+  void CountPending(Job& j, int delta);
+  void CountPlaced(Job& j, int delta);
   void PromoteDue(absl::Time now);
 
   // Placement bookkeeping.
   void Place(Job& job, WorkerState* worker, absl::Time now, bool loads_model);
-  // Charges the job's estimated cost to its key.
+  // Charges the job's estimated cost to its key and its tenant.
   void Charge(Job& job, absl::Time now);
+  // Corrects the charge of a job that ends to what it used, in seconds (0: a full refund).
+  void Settle(Job& job, double used);
   // Counts a job that now holds capacity: caps, conflicts, model; not yet a worker slot.
   void Occupy(Job& job, const std::string& worker_id);
   // Puts a placed job on its worker: slot, VRAM in use, resident model.
@@ -359,7 +429,10 @@ class Scheduler {
   Choice ChooseFifo(WorkerState& w, absl::Time now);
   WaitReason WhyGroupWaits(const Group& g, absl::Time now) const;
   void Housekeep(absl::Time now);
+  // The tenants' virtual time: the smallest tenant start tag of the jobs in service.
   double VirtualTime() const;
+  // The virtual time of `tenant`'s keys.
+  static double KeyVirtualTime(const TenantState& tenant);
 
   std::string policy_ = "fair";
   double alpha_ = 0.3;
@@ -373,7 +446,13 @@ class Scheduler {
   absl::flat_hash_map<std::string, std::unique_ptr<ModelState>> models_;
   absl::flat_hash_map<std::string, std::unique_ptr<TokenBucket>> buckets_;  // by rate key
   absl::flat_hash_map<std::string, config::RateLimit> rate_overrides_;
+  // Keys by "tenant\x1fname"; the same name in two tenants is two keys.
   absl::flat_hash_map<std::string, std::unique_ptr<KeyState>> keys_;
+  absl::flat_hash_map<std::string, std::vector<KeyState*>> keys_by_name_;  // every tenant's
+  absl::flat_hash_map<std::string, std::unique_ptr<TenantState>> tenants_;
+  absl::flat_hash_map<std::string, config::TenantConfig> tenant_configs_;  // by tenant name
+  absl::flat_hash_map<std::string, std::string> tenant_of_principal_;
+  absl::flat_hash_map<std::string, double> weight_overrides_;    // SetTenantWeight, by tenant
   absl::flat_hash_map<std::string, std::unique_ptr<Job>> jobs_;  // pending and placed
   absl::flat_hash_map<std::string, std::unique_ptr<WorkerState>> workers_;
   absl::flat_hash_map<std::string, int64_t> known_ranks_;  // kept across reconnects

@@ -36,9 +36,9 @@ struct Scheduler::TierState {
   int64_t queued = 0;
   int64_t running = 0;
   std::vector<TypeState*> types;
-  // Fairness keys with a ready job in this tier, by accumulated cost (then address: equal costs
-  // are compared by their jobs' arrival when chosen).
-  std::set<std::pair<double, KeyState*>> keys;
+  // Tenants with a ready job in this tier, by (0 if below its floor else 1, weight-normalised
+  // cost); equal places are compared by their jobs' arrival when chosen.
+  std::set<std::tuple<int, double, TenantState*>> tenants;
 };
 
 struct Scheduler::ModelState {
@@ -85,6 +85,42 @@ struct Scheduler::Lane {
   Ord aged_head{};
 };
 
+// A tenant's keys with a ready job in one tier, and its place in the tier's tenant order.
+struct Scheduler::TierTenant {
+  // By accumulated cost (then address: equal costs are compared by their jobs' arrival).
+  std::set<std::pair<double, KeyState*>> keys;
+  bool filed = false;
+  int filed_rank = 0;
+  double filed_cost = 0;
+};
+
+// A tenant: the first level of fair queuing. Its cost is the service its jobs received divided
+// by its weight; its keys are queued fairly among themselves by their own cost.
+struct Scheduler::TenantState {
+  std::string name;
+  double weight = 1;
+  int max_running = config::kUnlimited;
+  int min_running = 0;
+  double cost = 0;
+  // Of `cost`, what jobs in service were charged (each at the weight of its day).
+  double in_service = 0;
+  bool changed = false;  // its settled cost, since TakeAccounts
+  int64_t pending = 0;
+  int64_t placed = 0;
+  int64_t keys = 0;  // KeyStates of this tenant
+  absl::Time idle_since = absl::InfinitePast();
+  // Key-level start tags of its jobs in service: its keys' virtual time.
+  std::multiset<double> key_tags;
+  double last_key_time = 0;
+  // Its own buckets, by rate key (`tenants[i].rates`).
+  absl::flat_hash_map<std::string, std::unique_ptr<TokenBucket>> buckets;
+  absl::flat_hash_map<TierState*, std::unique_ptr<TierTenant>> tiers;
+
+  // 0 while below its floor, else 1: the first part of its place in a tier.
+  int rank() const { return placed < min_running ? 0 : 1; }
+  bool capped() const { return placed >= max_running; }
+};
+
 // A key's lanes in one tier, and its place in the tier's key order.
 struct Scheduler::TierKey {
   std::vector<Lane*> lanes;
@@ -95,7 +131,10 @@ struct Scheduler::TierKey {
 
 struct Scheduler::KeyState {
   std::string name;
+  TenantState* tenant = nullptr;
   double cost = 0;
+  double in_service = 0;  // of `cost`, what jobs in service were charged
+  bool changed = false;   // its settled cost, since TakeAccounts
   int64_t pending = 0;
   // Of `pending`, by type (entries may be 0).
   absl::flat_hash_map<const TypeState*, int64_t> pending_by_type;
@@ -124,7 +163,10 @@ struct Scheduler::Job {
   std::string worker_id;
   ModelState* model = nullptr;
   double charged = 0;
-  double start_tag = 0;
+  double tenant_charged = 0;  // charged / its tenant's weight then
+  double start_tag = 0;       // the tenant's cost when it was charged
+  double key_tag = 0;         // the key's cost when it was charged
+  absl::Time placed_at = absl::InfinitePast();
 };
 
 struct Scheduler::WorkerState {

@@ -113,7 +113,8 @@ constexpr absl::string_view kTopKeys[] = {"listen",
                                           "limits",
                                           "insecure",
                                           "tiers",
-                                          "types"};
+                                          "types",
+                                          "tenants"};
 constexpr absl::string_view kPostgresKeys[] = {"url", "pool_size", "embedded_user", "bin_dir",
                                                "connect_wait"};
 constexpr absl::string_view kSchedulerKeys[] = {"policy", "cost_alpha", "key_ttl", "queue_window"};
@@ -131,6 +132,9 @@ constexpr absl::string_view kCertificateKeys[] = {"name", "principal", "role", "
 constexpr absl::string_view kMemoryThrottleKeys[] = {"ram_percent", "ram_resume_percent",
                                                      "gpu_percent", "gpu_resume_percent"};
 constexpr absl::string_view kTierKeys[] = {"name", "value"};
+constexpr absl::string_view kTenantKeys[] = {"name",        "principals",  "weight",
+                                             "max_running", "min_running", "rates"};
+constexpr absl::string_view kTenantRateKeys[] = {"model", "rpm", "rps", "burst"};
 constexpr absl::string_view kTypeKeys[] = {"name",
                                            "max_concurrency",
                                            "max_attempts",
@@ -241,6 +245,48 @@ config::JobTypeConfig ParseType(const YAML::Node& node, const std::string& path)
   if (burst && !rpm && !rps) {
     Fail(*burst, path + ".burst", "needs rpm or rps (burst is the capacity of a rate limit)");
   }
+  return t;
+}
+
+config::TenantRate ParseTenantRate(const YAML::Node& node, const std::string& path) {
+  config::TenantRate r;
+  std::optional<YAML::Node> rpm, rps;
+  ForEachKey(node, path, kTenantRateKeys,
+             [&](const std::string& key, const std::string& full, const YAML::Node& v) {
+               if (key == "model") r.model = String(v, full);
+               if (key == "rpm") {
+                 rpm.emplace(v);
+                 r.rate.per_second = Number(v, full) / 60;
+               }
+               if (key == "rps") {
+                 rps.emplace(v);
+                 r.rate.per_second = Number(v, full);
+               }
+               if (key == "burst") r.rate.burst = IntInRange(v, full);
+             });
+  if (r.model.empty()) Fail(node, path + ".model", "required");
+  if (rpm && rps) Fail(*rps, path + ".rps", "set rpm or rps, not both");
+  if (!rpm && !rps) Fail(node, path + ".rps", "required (or rpm)");
+  return r;
+}
+
+config::TenantConfig ParseTenant(const YAML::Node& node, const std::string& path) {
+  config::TenantConfig t;
+  ForEachKey(node, path, kTenantKeys,
+             [&](const std::string& key, const std::string& full, const YAML::Node& v) {
+               if (key == "name") t.name = String(v, full);
+               if (key == "principals") t.principals = StringList(v, full);
+               if (key == "weight") t.weight = Number(v, full);
+               if (key == "max_running") t.max_running = IntInRange(v, full);
+               if (key == "min_running") t.min_running = IntInRange(v, full);
+               if (key == "rates") {
+                 if (!v.IsSequence()) Fail(v, full, "want a list of {model, rps or rpm, burst}");
+                 for (size_t i = 0; i < v.size(); ++i) {
+                   t.rates.push_back(ParseTenantRate(v[i], absl::StrCat(full, "[", i, "]")));
+                 }
+               }
+             });
+  if (t.name.empty()) Fail(node, path + ".name", "required");
   return t;
 }
 
@@ -408,6 +454,12 @@ config::Config ParseRoot(const YAML::Node& root) {
                    c.tiers.push_back(ParseTier(v[i], absl::StrCat("tiers[", i, "]")));
                  }
                }
+               if (key == "tenants") {
+                 if (!v.IsSequence()) Fail(v, full, "want a list of tenants");
+                 for (size_t i = 0; i < v.size(); ++i) {
+                   c.tenants.push_back(ParseTenant(v[i], absl::StrCat("tenants[", i, "]")));
+                 }
+               }
                if (key == "types") {
                  if (!v.IsSequence()) Fail(v, full, "want a list of job types");
                  for (size_t i = 0; i < v.size(); ++i) {
@@ -508,7 +560,9 @@ std::vector<std::string> KnownConfigKeys() {
       {"auth.certificates[]", kCertificateKeys},
       {"limits", kLimitsKeys},
       {"tiers[]", kTierKeys},
-      {"types[]", kTypeKeys}};
+      {"types[]", kTypeKeys},
+      {"tenants[]", kTenantKeys},
+      {"tenants[].rates[]", kTenantRateKeys}};
   for (const auto& [section, names] : sections) {
     for (absl::string_view name : names) keys.push_back(absl::StrCat(section, ".", name));
   }

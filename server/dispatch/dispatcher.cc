@@ -6,8 +6,10 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+
 #include "lib/sched/admission.h"
 #include "server/convert/job_proto.h"
+#include "server/dispatch/fair_accounts.h"
 #include "server/metrics/daemon_metrics.h"
 #include "server/util/log.h"
 
@@ -26,6 +28,8 @@ constexpr int kMaxTurnsInFlight = 2;
 constexpr absl::Duration kAuditInterval = absl::Seconds(10);
 // How often the jobs held here are compared with the database (Reconcile).
 constexpr absl::Duration kReconcileInterval = absl::Seconds(10);
+// How often the leader saves the scheduler's fair-share accounts: what a crash can lose.
+constexpr absl::Duration kAccountsInterval = absl::Seconds(1);
 // Heartbeats in a row that may leave out a job the daemon believes runs on the worker before the
 // job counts as lost there. Stream order already makes one miss conclusive for the SDK; two
 // tolerate a worker that builds its heartbeat before it writes a result.
@@ -70,6 +74,13 @@ absl::Status Dispatcher::Start() {
       store_.LoadQueuedHeads(config_.scheduler.queue_window);
   if (!heads.ok()) return heads.status();
   const absl::Time now = clock_.TimeNow();
+  // Shares as the previous leader left them, before the jobs in service are charged on top.
+  if (absl::StatusOr<std::vector<store::AccountRow>> rows = store_.LoadAccounts(); rows.ok()) {
+    scheduler_.RestoreAccounts(FromAccountRows(*rows), now);
+  } else {
+    server::Log("dispatch")
+        ->warn("fair-share accounts not loaded, shares start afresh: {}", rows.status().ToString());
+  }
   for (job::Job& job : *placed) {
     // Dispatched or running under the previous daemon: its worker may still hold it.
     scheduler_.Adopt(ToPlaced(job, job.worker_id));
@@ -111,6 +122,7 @@ void Dispatcher::Stop() {
     stopping_ = true;
   }
   if (loop_.joinable()) loop_.join();
+  if (writer_ != nullptr && !accounts_in_flight_.load()) SaveAccounts(/*wait=*/true);
   // Turns in flight finish writing; what they wrote is settled by the next term (claimed jobs
   // that were never assigned are DISPATCHED rows it holds for orphan_grace, unacknowledged
   // results come again from their workers).
@@ -391,6 +403,10 @@ void Dispatcher::Loop() {
       Sweep(now);
       next_sweep_ = now + kSweepInterval;
     }
+    if (now >= next_accounts_ && !accounts_in_flight_.load()) {
+      SaveAccounts(/*wait=*/false);
+      next_accounts_ = now + kAccountsInterval;
+    }
     if (reconcile_due_ && turns_in_flight_ == 0) {
       reconcile_due_ = false;
       next_reconcile_ = now + kReconcileInterval;
@@ -401,6 +417,26 @@ void Dispatcher::Loop() {
     PublishLoad(now);
     FlushAcks();
   }
+}
+
+void Dispatcher::SaveAccounts(bool wait) {
+  // What changed since the last save, or everything after a save that failed.
+  const bool all = accounts_failed_.exchange(false);
+  std::vector<store::AccountRow> rows = ToAccountRows(scheduler_.TakeAccounts(all));
+  const absl::Duration ttl = config_.scheduler.key_ttl;
+  auto save = [this, rows = std::move(rows), ttl] {
+    if (absl::Status s = store_.SaveAccounts(rows, ttl); !s.ok()) {
+      accounts_failed_.store(true);
+      server::Log("dispatch")->debug("fair-share accounts not saved: {}", s.ToString());
+    }
+    accounts_in_flight_.store(false);
+  };
+  if (wait) {
+    save();
+    return;
+  }
+  accounts_in_flight_.store(true);
+  writer_->Schedule(std::move(save));
 }
 
 void Dispatcher::PublishLoad(absl::Time now) {
@@ -1535,6 +1571,7 @@ sched::PendingJob Dispatcher::ToPending(const job::Job& job) const {
                            .attempt = job.attempt,
                            .resource_id = job.spec.resource_id,
                            .fairness_key = job.spec.fairness_key,
+                           .owner = job.owner,
                            .labels = job.spec.labels,
                            .not_before = job.spec.not_before,
                            .arrival = job.created_at};
@@ -1550,6 +1587,7 @@ sched::PlacedJob Dispatcher::ToPlaced(const job::Job& job, const std::string& wo
                           .type = job.spec.type,
                           .resource_id = job.spec.resource_id,
                           .fairness_key = job.spec.fairness_key,
+                          .owner = job.owner,
                           .worker_id = worker_id};
 }
 

@@ -194,6 +194,8 @@ class Dispatcher {
   void Refill(absl::Time now);
   // Tells the admission gate what the loop holds now.
   void PublishLoad(absl::Time now);
+  // Saves the scheduler's changed fair-share accounts on the writer, or here with `wait`.
+  void SaveAccounts(bool wait);
   void Sweep(absl::Time now);
   void OnHello(const std::shared_ptr<WorkerLink>& link, const v1::Hello& hello, absl::Time now);
   void OnAccept(const std::string& worker_id, const v1::Accept& accept, absl::Time now);
@@ -291,6 +293,9 @@ class Dispatcher {
   std::thread loop_;
   std::atomic<int64_t> repairs_{0};
   std::atomic<int64_t> last_loop_ns_{absl::ToUnixNanos(absl::Now())};
+  // A save of the fair-share accounts is on the writer; the last one failed (save all next).
+  std::atomic<bool> accounts_in_flight_{false};
+  std::atomic<bool> accounts_failed_{false};
   // Runs the turns' writes (kMaxTurnsInFlight threads), each on a pooled connection of its own.
   std::unique_ptr<server::Executor> writer_;
 
@@ -339,6 +344,7 @@ class Dispatcher {
   absl::Time next_expiry_ = absl::InfinitePast();
   absl::Time next_audit_ = absl::InfinitePast();
   absl::Time next_reconcile_ = absl::InfinitePast();
+  absl::Time next_accounts_ = absl::InfinitePast();
   absl::Time dispatch_paused_until_ = absl::InfinitePast();
   uint64_t next_session_ = 1;
 };

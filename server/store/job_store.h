@@ -96,6 +96,18 @@ struct CancelOutcome {
   job::JobState previous = job::JobState::kQueued;  // state before it
 };
 
+// One row of the scheduler's fair-share accounts (sched::FairAccounts): `kind` is "clock" (the
+// virtual time; `a` and `b` empty), "tenant" (`a` the tenant), "key" (`a` the tenant, `b` the
+// fairness key) or "estimate" (`a` the type, `b` the resource_id).
+struct AccountRow {
+  std::string kind;
+  std::string a;
+  std::string b;
+  double value = 0;
+
+  bool operator==(const AccountRow&) const = default;
+};
+
 // Durable job records. PostgreSQL is the source of truth; every transition is a compare-and-set
 // on (id, state, attempt), so a stale writer changes nothing and the Set/Finish calls return false
 // instead of overwriting. Timestamps are the database server's clock.
@@ -105,7 +117,7 @@ struct CancelOutcome {
 // NotFound, FailedPrecondition, InvalidArgument, Internal.
 //
 // Fencing: the writes only the leading daemon makes (Claim, MarkRunning, ReturnToQueue, Retry,
-// Finish, ExpireOverdue) carry the leader epoch set by SetFence and
+// Finish, ExpireOverdue, SaveAccounts) carry the leader epoch set by SetFence and
 // change nothing once another daemon has become the leader: then they fail FailedPrecondition
 // ("fenced: ..."). Insert, Cancel and the reads are open to every daemon.
 class JobStore {
@@ -230,6 +242,12 @@ class JobStore {
 
   // The leader epoch the fenced writes carry from now on (see the class comment).
   virtual void SetFence(int64_t epoch) = 0;
+
+  // Writes `rows` over the saved ones of the same (kind, a, b), and deletes the rows not written
+  // for `ttl` (what the scheduler forgets after that idle time). Fenced.
+  virtual absl::Status SaveAccounts(const std::vector<AccountRow>& rows, absl::Duration ttl) = 0;
+  // Every saved row.
+  virtual absl::StatusOr<std::vector<AccountRow>> LoadAccounts() = 0;
 };
 
 }  // namespace dispatchd::store

@@ -246,6 +246,20 @@ CREATE OR REPLACE VIEW jobs AS
   FROM jobs_done;
 )sql";
 
+// Version 8: the scheduler's fair-share accounts, saved by the leader every second so that a
+// restart or a failover keeps each tenant's and key's share (sched::FairAccounts). Small: one row
+// per tenant, fairness key and cost estimate seen within scheduler.key_ttl.
+constexpr char kMigration8FairAccounts[] = R"sql(
+CREATE TABLE fair_accounts (
+  kind text NOT NULL,
+  a text NOT NULL,
+  b text NOT NULL,
+  value double precision NOT NULL,
+  updated_at timestamptz NOT NULL,
+  PRIMARY KEY (kind, a, b)
+);
+)sql";
+
 constexpr Migration kMigrations[] = {
     {1, "jobs table", kMigration1Jobs},
     {2, "idempotency window", kMigration2IdempotencyWindow},
@@ -254,6 +268,7 @@ constexpr Migration kMigrations[] = {
     {5, "ended jobs apart, partitioned by finish time", kMigration5JobsDone},
     {6, "an index of placed jobs instead of two of every job", kMigration6PlacedByArrival},
     {7, "job owners, and idempotency keys scoped to them", kMigration7Owner},
+    {8, "fair-share accounts", kMigration8FairAccounts},
 };
 
 }  // namespace

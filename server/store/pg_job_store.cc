@@ -16,13 +16,14 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
-#include "absl/strings/strip.h"
 #include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "pqxx/array"
 #include "pqxx/binarystring"
@@ -1186,6 +1187,44 @@ absl::StatusOr<std::vector<JobRef>> PgJobStore::LoadPlacedRefs() {
   return WithConnection(*pool_, "load dispatched and running jobs",
                         [&](pqxx::connection& conn) -> absl::StatusOr<std::vector<JobRef>> {
                           return RowsToRefs(ExecScan(conn, kLoadPlacedRefs));
+                        });
+}
+
+absl::Status PgJobStore::SaveAccounts(const std::vector<AccountRow>& rows, absl::Duration ttl) {
+  if (rows.empty()) return absl::OkStatus();
+  std::vector<std::string> kinds, as, bs, values;
+  for (const AccountRow& r : rows) {
+    kinds.push_back(r.kind);
+    as.push_back(r.a);
+    bs.push_back(r.b);
+    values.push_back(absl::StrFormat("%.17g", r.value));
+  }
+  return WithConnection(
+      *pool_, absl::StrCat("save ", rows.size(), " fair-share accounts"),
+      [&](pqxx::connection& conn) -> absl::Status {
+        pqxx::work txn(conn, "save_accounts");
+        const int64_t epoch = fence_.load();
+        if (txn.exec_prepared(kSaveAccounts.name, TextArrayLiteral(kinds), TextArrayLiteral(as),
+                              TextArrayLiteral(bs), TextArrayLiteral(values), epoch)
+                .affected_rows() == 0) {
+          DISPATCHD_RETURN_IF_ERROR(FenceHolds(txn, epoch));
+        }
+        txn.exec_prepared(kForgetAccounts.name, absl::ToDoubleSeconds(ttl));
+        txn.commit();
+        return absl::OkStatus();
+      });
+}
+
+absl::StatusOr<std::vector<AccountRow>> PgJobStore::LoadAccounts() {
+  return WithConnection(*pool_, "load the fair-share accounts",
+                        [&](pqxx::connection& conn) -> absl::StatusOr<std::vector<AccountRow>> {
+                          pqxx::nontransaction txn(conn);
+                          std::vector<AccountRow> out;
+                          for (const pqxx::row& r : txn.exec_prepared(kLoadAccounts.name)) {
+                            out.push_back({TextFromField(r[0]), TextFromField(r[1]),
+                                           TextFromField(r[2]), r[3].as<double>()});
+                          }
+                          return out;
                         });
 }
 

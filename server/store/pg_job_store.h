@@ -119,6 +119,8 @@ class PgJobStore final : public JobStore {
   absl::StatusOr<std::vector<JobRef>> GetRefs(const std::vector<std::string>& job_ids) override;
   absl::StatusOr<std::vector<JobRef>> LoadPlacedRefs() override;
   absl::Status NotifyChanged(const std::string& job_id) override;
+  absl::Status SaveAccounts(const std::vector<AccountRow>& rows, absl::Duration ttl) override;
+  absl::StatusOr<std::vector<AccountRow>> LoadAccounts() override;
   void SetFence(int64_t epoch) override { fence_.store(epoch); }
 
  private:

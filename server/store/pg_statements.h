@@ -430,6 +430,23 @@ inline constexpr Statement kNotifyChanged{"notify_changed",
 inline constexpr Statement kLeaderEpoch{"leader_epoch",
                                         "SELECT epoch FROM dispatchd_leader WHERE id = 1"};
 
+// $1..$4 kinds, a, b, values (text and float8 arrays), $5 epoch: writes the fair-share accounts
+// over the saved ones. Inserts nothing once the fence no longer holds.
+inline constexpr Statement kSaveAccounts{"save_accounts", "WITH " DISPATCHD_PG_FENCE(5) R"sql(
+INSERT INTO fair_accounts (kind, a, b, value, updated_at)
+SELECT u.kind, u.a, u.b, u.value, now()
+FROM unnest($1::text[], $2::text[], $3::text[], $4::float8[]) AS u(kind, a, b, value), fence
+ON CONFLICT (kind, a, b) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at
+)sql"};
+
+// $1 ttl in seconds: forgets accounts not written for that long.
+inline constexpr Statement kForgetAccounts{
+    "forget_accounts",
+    "DELETE FROM fair_accounts WHERE updated_at < now() - make_interval(secs => $1::float8)"};
+
+inline constexpr Statement kLoadAccounts{"load_accounts",
+                                         "SELECT kind, a, b, value FROM fair_accounts"};
+
 #undef DISPATCHD_PG_INSERT_DONE
 #undef DISPATCHD_PG_JOB_COLUMNS
 #undef DISPATCHD_PG_JOB_COLUMNS_NO_PAYLOAD
@@ -470,6 +487,9 @@ inline constexpr Statement kAllStatements[] = {
     kLoadPlacedRefs,
     kNotifyChanged,
     kLeaderEpoch,
+    kSaveAccounts,
+    kForgetAccounts,
+    kLoadAccounts,
 };
 
 // Pins a session's planner to point plans (Access::kPoint): index and TID scans joined by nested

@@ -109,6 +109,42 @@ TEST_F(PgLeaderLeaseTest, RenewOfAnEndedEpochFailsAndEvictEndsAFrozenLeadersSess
   EXPECT_FALSE(a->Renew(1).ok()) << "the frozen leader's session is gone";
 }
 
+TEST_F(PgLeaderLeaseTest, FairAccountsRoundTripAndADeposedLeaderCannotOverwriteThem) {
+  auto a = Lease("lease-a");
+  ASSERT_EQ(*a->TryAcquire("a", "x:1", absl::Seconds(2)), std::optional<int64_t>(1));
+  store_->SetFence(1);
+  // Any text, the empty tenant included, and values kept to the last bit.
+  const std::vector<AccountRow> rows = {{"clock", "", "", 12.5},
+                                        {"tenant", "", "", 0.1 + 0.2},
+                                        {"key", "research", "user,\"1\"", 1e-300},
+                                        {"estimate", "llm.chat", "doc-7", 3.25}};
+  ASSERT_THAT(store_->SaveAccounts(rows, absl::Hours(1)), IsOk());
+  ASSERT_THAT(store_->SaveAccounts({{"clock", "", "", 13}}, absl::Hours(1)), IsOk());
+  absl::StatusOr<std::vector<AccountRow>> loaded = store_->LoadAccounts();
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  std::vector<AccountRow> want = rows;
+  want[0].value = 13;  // written over
+  EXPECT_THAT(*loaded, ::testing::UnorderedElementsAreArray(want));
+
+  a.reset();
+  auto b = Lease("lease-b");
+  absl::StatusOr<std::optional<int64_t>> eb;
+  ASSERT_TRUE(WaitForEpoch(*b, &eb));
+  EXPECT_THAT(store_->SaveAccounts({{"clock", "", "", 99}}, absl::Hours(1)),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "fenced"));
+  loaded = store_->LoadAccounts();
+  ASSERT_TRUE(loaded.ok());
+  EXPECT_THAT(*loaded, ::testing::Contains(AccountRow{"clock", "", "", 13}));
+
+  // The new leader's save forgets rows not written within the ttl.
+  store_->SetFence(*eb.value());
+  absl::SleepFor(absl::Milliseconds(50));
+  ASSERT_THAT(store_->SaveAccounts({{"clock", "", "", 14}}, absl::Milliseconds(20)), IsOk());
+  loaded = store_->LoadAccounts();
+  ASSERT_TRUE(loaded.ok());
+  EXPECT_THAT(*loaded, ::testing::ElementsAre(AccountRow{"clock", "", "", 14}));
+}
+
 TEST_F(PgLeaderLeaseTest, DeposedLeadersJobWritesAreFenced) {
   ASSERT_THAT(store_->Insert(MakeJob("j1")).status(), IsOk());
   ASSERT_THAT(store_->Insert(MakeJob("j2")).status(), IsOk());

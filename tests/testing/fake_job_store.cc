@@ -150,6 +150,28 @@ absl::Status FakeJobStore::NotifyChanged(const std::string& job_id) {
   return absl::OkStatus();
 }
 
+absl::Status FakeJobStore::SaveAccounts(const std::vector<store::AccountRow>& rows,
+                                        absl::Duration ttl) {
+  absl::MutexLock l(&mu_);
+  if (absl::Status s = BeginCall(); !s.ok()) return s;
+  if (rows.empty()) return absl::OkStatus();
+  if (absl::Status s = FenceHolds(); !s.ok()) return s;
+  const absl::Time now = Now();
+  for (const store::AccountRow& r : rows) accounts_[{r.kind, r.a, r.b}] = {r.value, now};
+  std::erase_if(accounts_, [&](const auto& kv) { return kv.second.second < now - ttl; });
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<store::AccountRow>> FakeJobStore::LoadAccounts() {
+  absl::MutexLock l(&mu_);
+  if (absl::Status s = BeginCall(); !s.ok()) return s;
+  std::vector<store::AccountRow> out;
+  for (const auto& [key, value] : accounts_) {
+    out.push_back({std::get<0>(key), std::get<1>(key), std::get<2>(key), value.first});
+  }
+  return out;
+}
+
 absl::StatusOr<store::InsertOutcome> FakeJobStore::Insert(const job::Job& job) {
   absl::StatusOr<std::vector<store::InsertOutcome>> outcomes = InsertMany({job}, false);
   if (!outcomes.ok()) {

@@ -81,6 +81,10 @@ class FakeJobStore final : public store::JobStore {
   absl::StatusOr<std::vector<store::JobRef>> LoadPlacedRefs() override;
   absl::Status NotifyChanged(const std::string& job_id) override;
   void SetFence(int64_t epoch) override;
+  // Keeps the rows and when each was written; forgets those older than `ttl` by the Clock.
+  absl::Status SaveAccounts(const std::vector<store::AccountRow>& rows,
+                            absl::Duration ttl) override;
+  absl::StatusOr<std::vector<store::AccountRow>> LoadAccounts() override;
 
   // Test controls.
   //
@@ -126,6 +130,9 @@ class FakeJobStore final : public store::JobStore {
   mutable absl::Mutex mu_;
   std::map<std::string, job::Job> jobs_ ABSL_GUARDED_BY(mu_);
   int64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
+  // Saved accounts by (kind, a, b): the value and when it was written.
+  std::map<std::tuple<std::string, std::string, std::string>, std::pair<double, absl::Time>>
+      accounts_ ABSL_GUARDED_BY(mu_);
   int64_t calls_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t misuses_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<int64_t, absl::Status> failures_ ABSL_GUARDED_BY(mu_);  // by call number

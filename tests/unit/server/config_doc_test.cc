@@ -1,6 +1,7 @@
 // docs/configuration.md names every key the daemon's config parser reads, and no other: each
-// table row's first cell is a key (`postgres.url`; in the `tiers[]` and `types[]` sections a
-// bare name, meaning `types[].name`), compared with KnownConfigKeys().
+// table row's first cell is a key (`postgres.url`; in the `tiers[]`, `types[]` and `tenants[]`
+// sections a name relative to the list, `name` meaning `types[].name` and `rates[].model`
+// meaning `tenants[].rates[].model`), compared with KnownConfigKeys().
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -20,12 +21,12 @@ std::set<std::string> DocumentedKeys(const std::string& path) {
   std::ifstream in(path);
   EXPECT_TRUE(in.good()) << "cannot read " << path;
   std::set<std::string> keys;
-  std::string section;  // "tiers[]" or "types[]" inside those sections, else ""
+  std::string section;  // "tiers[]", "types[]" or "tenants[]" inside those sections, else ""
   std::string line;
   while (std::getline(in, line)) {
     if (absl::StartsWith(line, "## ")) {
       section.clear();
-      for (const char* list : {"tiers[]", "types[]"}) {
+      for (const char* list : {"tiers[]", "types[]", "tenants[]"}) {
         if (line == absl::StrCat("## `", list, "`")) section = list;
       }
       continue;
@@ -34,7 +35,7 @@ std::set<std::string> DocumentedKeys(const std::string& path) {
     const size_t end = line.find('`', 3);
     if (end == std::string::npos) continue;
     std::string key = line.substr(3, end - 3);
-    if (!section.empty() && !absl::StrContains(key, '.')) key = absl::StrCat(section, ".", key);
+    if (!section.empty()) key = absl::StrCat(section, ".", key);
     keys.insert(key);
   }
   return keys;

@@ -236,6 +236,70 @@ TEST(YamlConfigTest, RefusesLimitsOutOfRangeNamingTheKey) {
   }
 }
 
+TEST(YamlConfigTest, ParsesTenantsWithWeightsQuotasAndRates) {
+  absl::StatusOr<config::Config> c = Parse(R"(
+types:
+  - {name: chat, model: llama}
+  - {name: echo}
+tenants:
+  - name: research
+    principals: [alice, bob]
+    weight: 3
+    max_running: 8
+    min_running: 2
+    rates:
+      - {model: llama, rpm: 120, burst: 4}
+      - {model: echo, rps: 50}
+  - {name: batch, principals: [nightly]}
+)");
+  ASSERT_THAT(c, IsOk());
+  ASSERT_EQ(c->tenants.size(), 2u);
+  const config::TenantConfig& t = c->tenants[0];
+  EXPECT_EQ(t.name, "research");
+  EXPECT_THAT(t.principals, ::testing::ElementsAre("alice", "bob"));
+  EXPECT_EQ(t.weight, 3);
+  EXPECT_EQ(t.max_running, 8);
+  EXPECT_EQ(t.min_running, 2);
+  ASSERT_EQ(t.rates.size(), 2u);
+  EXPECT_EQ(t.rates[0].model, "llama");
+  EXPECT_THAT(t.rates[0].rate.per_second, DoubleEq(2));
+  EXPECT_EQ(t.rates[0].rate.burst, 4);
+  EXPECT_EQ(t.rates[1].rate.burst, 1);
+  // Defaults, and the principal-to-tenant mapping.
+  EXPECT_EQ(c->tenants[1].weight, 1);
+  EXPECT_EQ(c->tenants[1].max_running, config::kUnlimited);
+  EXPECT_EQ(c->tenants[1].min_running, 0);
+  EXPECT_EQ(c->TenantNameOf("bob"), "research");
+  EXPECT_EQ(c->TenantNameOf("carol"), "carol");
+  EXPECT_EQ(c->TenantNameOf(""), "");
+}
+
+TEST(YamlConfigTest, RefusesBadTenantsNamingTheKey) {
+  const std::pair<std::string, std::string> cases[] = {
+      {"- {principals: [a]}", "tenants[0].name"},
+      {"- {name: t}", "tenants[0].principals"},
+      {"- {name: t, principals: [a]}\n  - {name: t, principals: [b]}", "tenants[1].name"},
+      {"- {name: t, principals: [a]}\n  - {name: u, principals: [b, a]}",
+       "tenants[1].principals[1]: principal \"a\" is already in tenants[0]"},
+      {"- {name: t, principals: [a], weight: 0}", "tenants[0].weight"},
+      {"- {name: t, principals: [a], max_running: 0}", "tenants[0].max_running"},
+      {"- {name: t, principals: [a], max_running: 2, min_running: 3}", "tenants[0].min_running"},
+      {"- {name: t, principals: [a], max_active: 5}", "tenants[0].max_active"},  // unknown
+      {"- {name: t, principals: [a], rates: [{model: nope, rps: 1}]}", "tenants[0].rates[0].model"},
+      {"- {name: t, principals: [a], rates: [{model: echo}]}", "tenants[0].rates[0].rps"},
+      {"- {name: t, principals: [a], rates: [{model: echo, rps: 1, rpm: 1}]}",
+       "tenants[0].rates[0].rps"},
+      {"- {name: t, principals: [a], rates: [{model: echo, rps: 1, burst: 0}]}",
+       "tenants[0].rates[0].burst"},
+      {"- {name: t, principals: [a], shares: 3}", "tenants[0].shares"},  // unknown key
+  };
+  for (const auto& [tenants, key] : cases) {
+    SCOPED_TRACE(tenants);
+    EXPECT_THAT(Parse(absl::StrCat("types:\n  - name: echo\ntenants:\n  ", tenants, "\n")),
+                StatusIs(absl::StatusCode::kInvalidArgument, key));
+  }
+}
+
 TEST(YamlConfigTest, ValidationErrorPointsAtTheKey) {
   // Validate() finds the unknown tier; the position is that of the `tier` value.
   EXPECT_THAT(Parse("types:\n"

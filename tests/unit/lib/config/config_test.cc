@@ -306,6 +306,7 @@ TEST(MergeReloadTest, TakesTheReloadableKeysAndNamesTheRestartOnlyOnes) {
   loaded.limits.submit = RateLimit{.per_second = 5, .burst = 5};
   loaded.limits.watches_per_principal = 7;
   loaded.limits.max_message_bytes = 8 << 20;
+  loaded.tenants = {TenantConfig{.name = "t", .principals = {"alice"}, .weight = 2}};
 
   std::vector<std::string> restart_only;
   const Config merged = MergeReload(running, loaded, &restart_only);
@@ -320,6 +321,7 @@ TEST(MergeReloadTest, TakesTheReloadableKeysAndNamesTheRestartOnlyOnes) {
   ASSERT_EQ(merged.tiers.size(), 1u);
   EXPECT_EQ(merged.scheduler.policy, "fifo");
   EXPECT_EQ(merged.max_active, 10);
+  EXPECT_EQ(merged.tenants, loaded.tenants);
   EXPECT_EQ(merged.log_level, "debug");
   // The restart-only keys keep their running values.
   EXPECT_EQ(merged.listen, running.listen);
