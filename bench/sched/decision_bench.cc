@@ -7,6 +7,9 @@
 // Enqueue(one new job, so the backlog stays at N), Decide(now, 1), which must place exactly one.
 // BM_FinishEnqueueDecide times all three, BM_DecideOnly the Decide alone, and
 // BM_FinishEnqueueDecide_OneTier all three with the 50 types in a single tier.
+// BM_FinishEnqueueDecide_Tenants times all three with the keys spread over tenants (each key's
+// jobs owned by one principal, each principal its own tenant): arguments are the backlog, the
+// tenants and the keys, up to 1M pending jobs over 100k keys in 10k tenants.
 //
 // See README.md for how to run it and the numbers measured.
 
@@ -16,6 +19,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -33,7 +37,7 @@ namespace {
 constexpr int kTypes = 50;
 constexpr int kFgTypes = 10;  // t00..t09 in tier fg, the rest in bg
 constexpr int kModels = 10;
-constexpr int kKeys = 1000;
+constexpr int kKeys = 1000;  // unless the benchmark names its own
 constexpr int kResources = 10'000;
 constexpr int kWorkers = 100;
 constexpr int kSlots = 4;
@@ -73,8 +77,11 @@ config::Config MakeConfig(Layout layout) {
 
 // One scheduler in steady state: a backlog of N pending jobs and every worker slot taken.
 struct Fixture {
-  Fixture(int64_t n, Layout layout)
-      : now(absl::FromUnixSeconds(1'700'000'000)), scheduler(MakeConfig(layout), now), rng(42) {
+  Fixture(int64_t n, Layout layout, int key_count = kKeys, int tenant_count = 0)
+      : now(absl::FromUnixSeconds(1'700'000'000)),
+        scheduler(MakeConfig(layout), now),
+        rng(42),
+        tenants(tenant_count) {
     // Fleet: each worker serves a fixed random subset of 25 types, no labels, 40 GB (4 models).
     std::vector<std::string> all;
     for (int i = 0; i < kTypes; ++i) all.push_back(TypeName(i));
@@ -87,8 +94,8 @@ struct Fixture {
     }
     // Fairness keys, Zipf-like (weight 1/(rank+1)): the top 20% of keys hold ~80% of the jobs.
     std::vector<double> weights;
-    for (int k = 0; k < kKeys; ++k) {
-      keys.push_back(absl::StrFormat("k%04d", k));
+    for (int k = 0; k < key_count; ++k) {
+      keys.push_back(absl::StrFormat("k%06d", k));
       weights.push_back(1.0 / (k + 1));
     }
     key_dist = std::discrete_distribution<int>(weights.begin(), weights.end());
@@ -107,18 +114,23 @@ struct Fixture {
     now += kTick;
   }
 
-  // Job ids carry their type and fairness key: "t07-k0123-000012345".
+  // Job ids carry their type and fairness key: "t07-k000123-000012345".
   static int TypeOf(const std::string& id) { return (id[1] - '0') * 10 + (id[2] - '0'); }
   static int KeyOf(const std::string& id) {
-    return (id[5] - '0') * 1000 + (id[6] - '0') * 100 + (id[7] - '0') * 10 + (id[8] - '0');
+    int key = 0;
+    for (size_t i = 5; i < 11; ++i) key = key * 10 + (id[i] - '0');
+    return key;
   }
 
   void Enqueue(int type, int key, absl::Time arrival) {
-    std::string id = absl::StrFormat("t%02d-k%04d-%09d", type, key, next_id++);
+    std::string id = absl::StrFormat("t%02d-k%06d-%09d", type, key, next_id++);
     scheduler.Enqueue({.id = std::move(id),
                        .type = TypeName(type),
                        .resource_id = absl::StrFormat("r%05d", resource_dist(rng)),
                        .fairness_key = keys[key],
+                       // With tenants, key k belongs to tenant k mod tenants (the keys of a tenant
+                       // are spread over the Zipf ranks); without, to no one.
+                       .owner = tenants > 0 ? absl::StrCat("p", key % tenants) : "",
                        .arrival = arrival});
   }
 
@@ -146,15 +158,17 @@ struct Fixture {
   std::uniform_int_distribution<int> resource_dist{0, kResources - 1};
   std::vector<std::string> placed;  // ids of placed jobs, from the Dispatch results
   int64_t next_id = 0;
+  int tenants = 0;
 };
 
 // Built once per N and kept: a run leaves the fixture in the same steady state it found it in
 // (backlog N, fleet full), so later runs and the other benchmark continue from there.
-Fixture& FixtureFor(int64_t n, Layout layout) {
+Fixture& FixtureFor(int64_t n, Layout layout, int keys = kKeys, int tenants = 0) {
   // Never destroyed: tearing down a million jobs at exit is time for nothing.
-  static auto* fixtures = new std::map<std::pair<int64_t, Layout>, std::unique_ptr<Fixture>>();
-  std::unique_ptr<Fixture>& f = (*fixtures)[{n, layout}];
-  if (f == nullptr) f = std::make_unique<Fixture>(n, layout);
+  static auto* fixtures =
+      new std::map<std::tuple<int64_t, Layout, int, int>, std::unique_ptr<Fixture>>();
+  std::unique_ptr<Fixture>& f = (*fixtures)[{n, layout, keys, tenants}];
+  if (f == nullptr) f = std::make_unique<Fixture>(n, layout, keys, tenants);
   return *f;
 }
 
@@ -173,19 +187,24 @@ bool CheckSetup(benchmark::State& state, const Fixture& f, int64_t n) {
   return true;
 }
 
-// After the timed loop: backlog size, fairness keys holding pending jobs, jobs on workers.
+// After the timed loop: backlog size, fairness keys and tenants holding pending jobs, jobs on
+// workers.
 void SetCounters(benchmark::State& state, const Fixture& f) {
-  int64_t keys = 0;
-  for (const SchedulerStats::Key& k : f.scheduler.Stats(f.now).keys) keys += k.queued > 0;
+  const SchedulerStats stats = f.scheduler.Stats(f.now);
+  int64_t keys = 0, tenants = 0;
+  for (const SchedulerStats::Key& k : stats.keys) keys += k.queued > 0;
+  for (const SchedulerStats::Tenant& t : stats.tenants) tenants += t.queued > 0;
   state.counters["pending"] = static_cast<double>(f.scheduler.pending_count());
   state.counters["keys"] = static_cast<double>(keys);
+  state.counters["tenants"] = static_cast<double>(tenants);
   state.counters["placed"] = static_cast<double>(f.scheduler.placed_count());
 }
 
 // One iteration: Finished + Enqueue + Decide(now, 1), all timed.
-void FinishEnqueueDecide(benchmark::State& state, Layout layout) {
+void FinishEnqueueDecide(benchmark::State& state, Layout layout, int keys = kKeys,
+                         int tenants = 0) {
   const int64_t n = state.range(0);
-  Fixture& f = FixtureFor(n, layout);
+  Fixture& f = FixtureFor(n, layout, keys, tenants);
   if (!CheckSetup(state, f, n)) return;
   for (auto _ : state) {
     f.FinishOneAndRefill();
@@ -205,6 +224,11 @@ void BM_FinishEnqueueDecide(benchmark::State& state) {
 }
 void BM_FinishEnqueueDecide_OneTier(benchmark::State& state) {
   FinishEnqueueDecide(state, Layout::kOneTier);
+}
+// Arguments: backlog, tenants, keys.
+void BM_FinishEnqueueDecide_Tenants(benchmark::State& state) {
+  FinishEnqueueDecide(state, Layout::kOneTier, static_cast<int>(state.range(2)),
+                      static_cast<int>(state.range(1)));
 }
 
 // The same loop, timing Decide(now, 1) alone. PauseTiming/ResumeTiming cost time of their own
@@ -247,6 +271,13 @@ BENCHMARK(BM_FinishEnqueueDecide_OneTier)
     ->Arg(10'000)
     ->Arg(100'000)
     ->Arg(1'000'000)
+    ->Unit(benchmark::kMicrosecond);
+// Each of backlog, tenants and keys grown tenfold with the others held.
+BENCHMARK(BM_FinishEnqueueDecide_Tenants)
+    ->Args({100'000, 10'000, 100'000})
+    ->Args({1'000'000, 1'000, 100'000})
+    ->Args({1'000'000, 10'000, 10'000})
+    ->Args({1'000'000, 10'000, 100'000})
     ->Unit(benchmark::kMicrosecond);
 
 }  // namespace

@@ -26,6 +26,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
@@ -330,6 +331,20 @@ void PrintJobHuman(const v1::Job& job) {
     kvs.emplace_back("waiting", absl::StrCat(job.wait_reason(), ", position ", job.queue_position(),
                                              " (", job.keys_ahead(),
                                              job.keys_ahead() == 1 ? " key" : " keys", " ahead)"));
+    auto percent = [](double f) { return absl::StrFormat("%.0f%%", 100 * f); };
+    kvs.emplace_back("tenant share",
+                     absl::StrCat(job.tenant().empty() ? "(no tenant)" : job.tenant(), ": ",
+                                  percent(job.tenant_share()), " of the running jobs, fair ",
+                                  percent(job.tenant_fair_share())));
+    kvs.emplace_back("key share", absl::StrCat(percent(job.key_share()), " of its tenant's, fair ",
+                                               percent(job.key_fair_share())));
+    if (!job.conflict_holder().empty()) kvs.emplace_back("conflicts with", job.conflict_holder());
+    if (job.has_next_token_at()) {
+      kvs.emplace_back("next token", FormatTimestamp(job.next_token_at()));
+    }
+    if (job.has_estimated_start_at()) {
+      kvs.emplace_back("expected start", FormatTimestamp(job.estimated_start_at()));
+    }
   }
   kvs.emplace_back("error", job.error().empty() ? "-" : job.error());
   kvs.emplace_back("result size", absl::StrCat(job.result().size(), " bytes"));
@@ -680,6 +695,20 @@ int CmdStats(Client& client, bool json) {
                       limited ? FormatRate(m.rate_per_second()) : "-",
                       limited ? absl::StrCat(m.burst()) : "-", absl::StrCat(m.resident_on()),
                       WaitCell(m.head_wait_reason(), m.queued())});
+    }
+    PrintTable(rows);
+    std::cout << "\n";
+  }
+  if (!r->tenants().empty()) {
+    std::vector<std::vector<std::string>> rows = {
+        {"TENANT", "WEIGHT", "QUEUED", "RUNNING", "SHARE", "FAIR", "COST", "FLOOR", "CEILING"}};
+    auto percent = [](double f) { return absl::StrFormat("%.0f%%", 100 * f); };
+    for (const v1::TenantStats& t : r->tenants()) {
+      rows.push_back({t.tenant().empty() ? "-" : t.tenant(), FormatNumber(t.weight()),
+                      absl::StrCat(t.queued()), absl::StrCat(t.running()), percent(t.share()),
+                      percent(t.fair_share()), FormatNumber(t.cost()),
+                      t.min_running() == 0 ? "-" : absl::StrCat(t.min_running()),
+                      t.max_running() == 0 ? "-" : absl::StrCat(t.max_running())});
     }
     PrintTable(rows);
     std::cout << "\n";

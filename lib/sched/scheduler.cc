@@ -236,6 +236,7 @@ Scheduler::Group& Scheduler::GroupFor(TypeState& type, const job::Labels& labels
   }
   auto g = std::make_unique<Group>();
   g->type = &type;
+  g->index = next_group_index_++;
   g->labels = std::move(sorted);
   g->signature = std::move(sig);
   type.groups.push_back(std::move(g));
@@ -376,53 +377,65 @@ void Scheduler::ReadyErase(Lane& lane, Job& j) {
 void Scheduler::RefileLane(Lane& lane) {
   Group& g = *lane.group;
   const bool ready = !lane.ready.empty();
-  if (lane.filed && ready && !(lane.aged_head < lane.ready.begin()->first) &&
-      !(lane.ready.begin()->first < lane.aged_head)) {
-    return;  // same head
+  if (lane.filed && ready && lane.aged_head == lane.ready.begin()->first) return;  // same head
+  // The lane's head is in its group's age order and its key's, and the key is in its tenant's
+  // order in the tier while any of its lanes there has a ready job.
+  TierState& tier = *g.type->tier;
+  TierKey& tk = TierKeyFor(*lane.key, tier);
+  if (lane.filed) {
+    g.by_age.erase({lane.aged_head, &lane});
+    tk.heads.erase({lane.aged_head, &lane});
   }
-  if (lane.filed) g.by_age.erase({lane.aged_head, &lane});
+  if (lane.filed != ready) {
+    TierTenant& tt = TierTenantFor(*lane.key->tenant, tier);
+    if (tt.ready_by_group.size() <= g.index) tt.ready_by_group.resize(g.index + 1, 0);
+    if (ready) {
+      SetBit(tk.groups, g.index);
+      if (tt.ready_by_group[g.index]++ == 0) SetBit(tt.groups, g.index);
+    } else {
+      ClearBit(tk.groups, g.index);
+      if (--tt.ready_by_group[g.index] == 0) ClearBit(tt.groups, g.index);
+    }
+  }
+  lane.filed = ready;
   if (ready) {
     lane.aged_head = lane.ready.begin()->first;
     g.by_age.insert({lane.aged_head, &lane});
+    tk.heads.insert({lane.aged_head, &lane});
   }
-  if (lane.filed == ready) return;
-  lane.filed = ready;
-  // The key is in its tenant's order in the tier while any of its lanes there has a ready job.
-  TierState& tier = *g.type->tier;
-  TierKey& tk = TierKeyFor(*lane.key, tier);
-  if (ready && tk.ready_lanes++ == 0) {
-    FileKey(tier, *lane.key, tk, true);
-  } else if (!ready && --tk.ready_lanes == 0) {
-    FileKey(tier, *lane.key, tk, false);
-  }
+  SyncKey(tier, *lane.key, tk);
 }
 
-Scheduler::Job* Scheduler::BestJob(TierState& tier, Fit fit, const ModelState* model,
-                                   absl::Time now, bool floor_only) {
-  // Tenants in (rank, cost) order, then their keys in cost order: the first with a matching ready
-  // job wins, except that tenants (and keys) of the very same place are compared by their jobs'
-  // arrival, as the order says.
+Scheduler::Job* Scheduler::BestJob(TierState& tier, const GroupMask& groups, absl::Time now,
+                                   bool floor_only) {
+  // Tenants in (rank, cost) order, then their keys in cost order: the first with a ready job in
+  // one of `groups` wins, except that tenants (and keys) of the very same place are compared by
+  // their jobs' arrival, as the order says. Each order breaks ties by the oldest ready head, so
+  // the walk stops at an equal place whose oldest head is younger than the best job found. A
+  // tenant or key with no ready lane in `groups` is passed over in one mask test.
   Job* best = nullptr;
   std::pair<int, double> best_place;
-  for (const auto& [rank, tenant_cost, tenant] : tier.tenants) {
+  for (const auto& [rank, tenant_cost, tenant_head, tt] : tier.tenants) {
     if (floor_only && rank > 0) break;
-    if (best != nullptr && std::make_pair(rank, tenant_cost) > best_place) break;
-    if (tenant->capped()) continue;
+    if (best != nullptr &&
+        (std::make_pair(rank, tenant_cost) > best_place || !(tenant_head < best->ord))) {
+      break;
+    }
+    const TenantState& tenant = *tt->tenant;
+    if (!Intersects(tt->groups, groups) || tenant.capped()) continue;
     Job* in_tenant = nullptr;
     double in_cost = 0;
-    for (const auto& [cost, key] : tenant->tiers.at(&tier)->keys) {
-      if (in_tenant != nullptr && cost > in_cost) break;
-      for (Lane* lane : key->tiers.at(&tier)->lanes) {
-        if (lane->ready.empty()) continue;
-        const Group& g = *lane->group;
-        if (g.stamp != stamp_ || g.fit != fit) continue;
-        if (model != nullptr && g.type->model != model) continue;
-        if (!tenant->buckets.empty() && !TenantOpen(*tenant, *g.type, now)) continue;
-        Job* head = lane->ready.begin()->second;
-        if (in_tenant == nullptr || head->ord < in_tenant->ord) {
-          in_tenant = head;
-          in_cost = cost;
-        }
+    for (const auto& [cost, key_head, tk] : tt->keys) {
+      if (in_tenant != nullptr && (cost > in_cost || !(key_head < in_tenant->ord))) break;
+      if (!Intersects(tk->groups, groups)) continue;
+      // The key's lanes, oldest head first: the first that matches is the key's best.
+      for (const auto& [head, lane] : tk->heads) {
+        if (in_tenant != nullptr && !(head < in_tenant->ord)) break;
+        if (!TestBit(groups, lane->group->index)) continue;
+        if (!tenant.buckets.empty() && !TenantOpen(tenant, *lane->group->type, now)) continue;
+        in_tenant = lane->ready.begin()->second;
+        in_cost = cost;
+        break;
       }
     }
     if (in_tenant != nullptr && (best == nullptr || in_tenant->ord < best->ord)) {
@@ -681,12 +694,15 @@ Scheduler::Choice Scheduler::ChooseFor(WorkerState& w, absl::Time now) {
     int64_t depth;
   };
   std::vector<LoadCandidate> loads;
+  GroupMask resident_groups, load_groups;
   ++stamp_;  // forget every group's fit from earlier decisions
   for (TierState* tier : tiers_desc_) {
     if (tier->running >= tier->cap || tier->queued == 0 || tier->tenants.empty()) continue;
     bool any_resident = false;
     Job* starved = nullptr;  // the overdue job, of a model to load, whose key has used least
     loads.clear();
+    resident_groups.assign(resident_groups.size(), 0);
+    load_groups.assign(load_groups.size(), 0);
     for (TypeState* t : tier->types) {
       if (t->queued == 0 || !t->configured || t->running >= t->cfg.max_concurrency) continue;
       if (t->index >= w.serves.size() || !w.serves[t->index]) continue;
@@ -698,6 +714,7 @@ Scheduler::Choice Scheduler::ChooseFor(WorkerState& w, absl::Time now) {
         if (g->ready == 0 || !ServesAndMatches(w, *g)) continue;
         if (Resident(w, t->model)) {
           g->fit = Fit::kResident;
+          SetBit(resident_groups, g->index);
           any_resident = true;
           continue;
         }
@@ -710,6 +727,7 @@ Scheduler::Choice Scheduler::ChooseFor(WorkerState& w, absl::Time now) {
         }
         if (!Fits(w, t->model)) continue;
         g->fit = Fit::kLoad;
+        SetBit(load_groups, g->index);
         auto it = std::find_if(loads.begin(), loads.end(),
                                [&](const LoadCandidate& c) { return c.model == t->model; });
         if (it == loads.end()) {
@@ -719,11 +737,11 @@ Scheduler::Choice Scheduler::ChooseFor(WorkerState& w, absl::Time now) {
         }
       }
     }
-    Job* resident = any_resident ? BestJob(*tier, Fit::kResident, nullptr, now) : nullptr;
+    Job* resident = any_resident ? BestJob(*tier, resident_groups, now) : nullptr;
     // A tenant below its floor is served first, with a model load if the worker has none of its
     // work resident.
     if (resident == nullptr || resident->key->tenant->rank() > 0) {
-      if (Job* floor = BestJob(*tier, Fit::kLoad, nullptr, now, /*floor_only=*/true)) {
+      if (Job* floor = BestJob(*tier, load_groups, now, /*floor_only=*/true)) {
         return {floor, true};
       }
     }
@@ -754,7 +772,14 @@ Scheduler::Choice Scheduler::ChooseFor(WorkerState& w, absl::Time now) {
       int64_t depth = 0;
       for (const LoadCandidate& c : loads) {
         if (c.depth < depth) continue;
-        Job* j = BestJob(*tier, Fit::kLoad, c.model, now);
+        GroupMask of_model;
+        for (TypeState* t : tier->types) {
+          if (t->model != c.model) continue;
+          for (auto& g : t->groups) {
+            if (g->stamp == stamp_ && g->fit == Fit::kLoad) SetBit(of_model, g->index);
+          }
+        }
+        Job* j = BestJob(*tier, of_model, now);
         if (j == nullptr) continue;
         if (pick == nullptr || c.depth > depth || Before(*j, *pick)) {
           pick = j;
@@ -809,6 +834,7 @@ void Scheduler::Place(Job& j, WorkerState* w, absl::Time now, bool loads_model) 
     bool took = b->second->TryTake(now);
     DISPATCHD_CHECK(took, "placed a job whose tenant's bucket was empty");
   }
+  CountStart(t, now);
   if (t.model != nullptr) {
     t.model->last_served = now;
     if (loads_model) LoadModel(*w, t.model);
@@ -968,7 +994,10 @@ void Scheduler::Housekeep(absl::Time now) {
     for (Lane* lane : key->lanes) lane->group->lanes.erase(key);
     for (auto& [tier, tk] : key->tiers) {
       auto tt = key->tenant->tiers.find(tier);
-      if (tt != key->tenant->tiers.end()) tt->second->keys.erase({tk->filed_cost, key});
+      if (!tk->filed || tt == key->tenant->tiers.end()) continue;
+      tt->second->keys.erase({tk->filed_cost, tk->filed_head, tk.get()});
+      tt->second->heads.erase({tk->filed_head, key});
+      SyncTenant(*tier, *key->tenant, *tt->second);
     }
     --key->tenant->keys;
     std::vector<KeyState*>& same_name = keys_by_name_[key->name];
@@ -1015,11 +1044,48 @@ WaitInfo Scheduler::WhyWaiting(const std::string& job_id, absl::Time now) const 
   WaitInfo info;
   auto it = jobs_.find(job_id);
   if (it == jobs_.end() || it->second->where == Job::Where::kPlaced) return info;
-  const Job& j = *it->second;
+  info = WhyWaitingNow(*it->second, now);
+  Explain(*it->second, now, info);
+  return info;
+}
+
+void Scheduler::Explain(const Job& j, absl::Time now, WaitInfo& info) const {
+  const TenantState& tenant = *j.key->tenant;
+  std::tie(info.tenant_share, info.tenant_fair_share) = TenantShares(tenant);
+  info.key_share = tenant.placed == 0
+                       ? 0
+                       : static_cast<double>(j.key->placed) / static_cast<double>(tenant.placed);
+  info.key_fair_share = tenant.active_keys > 0 ? 1.0 / static_cast<double>(tenant.active_keys) : 0;
+  if (info.reason == WaitReason::kConflict) {
+    for (const auto& [rank, w] : by_rank_) {
+      for (const Job* other : w->jobs) {
+        if (other->conflict == j.conflict) info.conflict_holder = other->id;
+      }
+    }
+  }
+  const TokenBucket* bucket = nullptr;
+  if (info.reason == WaitReason::kRateLimit) bucket = j.type->bucket;
+  if (info.reason == WaitReason::kTenantRate && j.type->configured) {
+    auto b = tenant.buckets.find(j.type->cfg.rate_key());
+    if (b != tenant.buckets.end()) bucket = b->second.get();
+  }
+  if (bucket != nullptr) info.next_token_at = bucket->NextTokenAt();
+  // Its key gets about (tenant fair share x key fair share) of its type's starts.
+  const double rate = StartRate(*j.type, now) * std::max(info.tenant_fair_share, 1e-9) *
+                      std::max(info.key_fair_share, 1e-9);
+  if (rate > 0 && info.position > 0) {
+    info.estimated_start =
+        std::max(now, j.not_before) + absl::Seconds(static_cast<double>(info.position) / rate);
+  }
+}
+
+WaitInfo Scheduler::WhyWaitingNow(const Job& j, absl::Time now) const {
+  WaitInfo info;
   const TenantState& tenant = *j.key->tenant;
   info.tenant = tenant.name;
   if (j.where == Job::Where::kDelayed) {
     info.reason = j.not_before > now ? WaitReason::kNotBefore : WaitReason::kInLine;
+    info.position = j.key->pending_by_type.at(j.type);  // due jobs may all go first
     return info;
   }
   const Lane& lane = *j.lane;
@@ -1037,7 +1103,8 @@ WaitInfo Scheduler::WhyWaiting(const std::string& job_id, absl::Time now) const 
     // such keys of tenants placed before its tenant, and those before it in its own tenant.
     TierState* tier = lane.group->type->tier;
     auto count_keys = [&](const TenantState& t, bool own) {
-      for (const auto& [cost, key] : t.tiers.at(tier)->keys) {
+      for (const auto& [cost, head, tk] : t.tiers.at(tier)->keys) {
+        const KeyState* key = tk->key;
         if (own && (key == j.key || cost > j.key->cost)) break;
         for (const Lane* other : key->tiers.at(tier)->lanes) {
           if (other->group == lane.group && other->filed) {
@@ -1047,10 +1114,10 @@ WaitInfo Scheduler::WhyWaiting(const std::string& job_id, absl::Time now) const 
         }
       }
     };
-    for (const auto& [rank, cost, t] : tier->tenants) {
-      if (t == &tenant) break;
+    for (const auto& [rank, cost, head, tt] : tier->tenants) {
+      if (tt->tenant == &tenant) break;
       if (std::make_pair(rank, cost) > std::make_pair(tenant.rank(), tenant.cost)) break;
-      count_keys(*t, false);
+      count_keys(*tt->tenant, false);
     }
     count_keys(tenant, true);
   }
@@ -1157,11 +1224,20 @@ SchedulerStats Scheduler::Stats(absl::Time now, size_t max_keys) const {
   keys.reserve(keys_.size());
   for (const auto& [name, key] : keys_) keys.push_back(key.get());
   s.keys_total = static_cast<int64_t>(keys.size());
+  double active_weights = 0;
   for (const auto& [name, t] : tenants_) {
+    if (t->pending > 0 || t->placed > 0) active_weights += t->weight;
+  }
+  for (const auto& [name, t] : tenants_) {
+    const bool active = t->pending > 0 || t->placed > 0;
     s.tenants.push_back({.name = t->name,
                          .weight = t->weight,
                          .queued = t->pending,
                          .running = t->placed,
+                         .share = placed_count_ == 0 ? 0
+                                                     : static_cast<double>(t->placed) /
+                                                           static_cast<double>(placed_count_),
+                         .fair_share = active ? t->weight / active_weights : 0,
                          .cost = t->cost,
                          .max_running = t->max_running,
                          .min_running = t->min_running,

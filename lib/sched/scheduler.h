@@ -115,6 +115,17 @@ struct WaitInfo {
   // Fairness keys whose jobs of this type come before its key's.
   int64_t keys_ahead = 0;
   std::string tenant;
+  // Fractions of the placed jobs its tenant holds and is entitled to among the tenants with
+  // work (by weight); the same for its key among its tenant's keys with work.
+  double tenant_share = 0, tenant_fair_share = 0;
+  double key_share = 0, key_fair_share = 0;
+  // kConflict: a job placed on its resource.
+  std::string conflict_holder;
+  // kRateLimit, kTenantRate: when the bucket has a token.
+  absl::Time next_token_at = absl::InfinitePast();
+  // From its place in line, its fair shares and the rate its type's jobs started at lately;
+  // InfiniteFuture when none started lately.
+  absl::Time estimated_start = absl::InfiniteFuture();
 };
 
 // Per-worker view for AdminService and tests.
@@ -166,6 +177,7 @@ struct SchedulerStats {
     std::string name;
     double weight = 1;
     int64_t queued = 0, running = 0;
+    double share = 0, fair_share = 0;  // as in WaitInfo
     double cost = 0;  // weight-normalised service
     int max_running = 0, min_running = 0;
     int64_t keys = 0;
@@ -358,6 +370,9 @@ class Scheduler {
     friend bool operator<(const Ord& a, const Ord& b) {
       return a.arrival < b.arrival || (a.arrival == b.arrival && a.seq < b.seq);
     }
+    friend bool operator==(const Ord& a, const Ord& b) {
+      return a.arrival == b.arrival && a.seq == b.seq;
+    }
   };
   // What a worker can do with a group's jobs: nothing, run them (model resident or none), or run
   // them after loading the model.
@@ -385,11 +400,14 @@ class Scheduler {
   void RefileKey(KeyState& key);
   // Moves the tenant to its (rank, cost) in every tier order it is in.
   void RefileTenant(TenantState& tenant);
-  void FileKey(TierState& tier, KeyState& key, TierKey& tk, bool ready);
-  // The first job in (tenant rank, tenant cost, key cost, arrival) order among groups of `tier`
-  // whose fit for the worker being decided for is `fit` (and of `model`, unless null) and whose
-  // tenant may run it now; only tenants below their floor if `floor_only`. Null if none.
-  Job* BestJob(TierState& tier, Fit fit, const ModelState* model, absl::Time now,
+  // Files the key in its tenant's order in `tier` at its (cost, oldest ready head) there, or
+  // takes it out when it has no ready lane there; then the tenant likewise in the tier's order.
+  void SyncKey(TierState& tier, KeyState& key, TierKey& tk);
+  void SyncTenant(TierState& tier, TenantState& tenant, TierTenant& tt);
+  // The first job in (tenant rank, tenant cost, key cost, arrival) order among the groups of
+  // `tier` in `groups` (a GroupMask) whose tenant may run it now; only tenants below their floor
+  // if `floor_only`. Null if none.
+  Job* BestJob(TierState& tier, const std::vector<uint64_t>& groups, absl::Time now,
                bool floor_only = false);
   // True if `a` comes before `b` in that order; with `strict_cost`, only if its tenant's or its
   // key's cost is lower (arrival does not count).
@@ -433,6 +451,16 @@ class Scheduler {
   double VirtualTime() const;
   // The virtual time of `tenant`'s keys.
   static double KeyVirtualTime(const TenantState& tenant);
+  // The tenant's share of the placed jobs, and its fair share by weight among tenants with work.
+  std::pair<double, double> TenantShares(const TenantState& tenant) const;
+  // Counts a job of `type` started at `now` in its start rate.
+  void CountStart(TypeState& type, absl::Time now);
+  // Jobs of `type` started per second lately, as of `now`.
+  static double StartRate(const TypeState& type, absl::Time now);
+  // Why the pending job waits and its place in line.
+  WaitInfo WhyWaitingNow(const Job& job, absl::Time now) const;
+  // Fills the shares, the conflict holder, the next token and the estimated start of `info`.
+  void Explain(const Job& job, absl::Time now, WaitInfo& info) const;
 
   std::string policy_ = "fair";
   double alpha_ = 0.3;
@@ -469,6 +497,7 @@ class Scheduler {
   CostEstimator costs_;
   uint64_t next_seq_ = 0;
   uint64_t stamp_ = 0;  // one per ChooseFor: marks which groups' `fit` is current
+  size_t next_group_index_ = 0;
   size_t pending_count_ = 0;
   size_t placed_count_ = 0;
 };

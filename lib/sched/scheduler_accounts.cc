@@ -76,57 +76,72 @@ Scheduler::KeyState& Scheduler::KeyFor(TenantState& tenant, const std::string& n
 
 Scheduler::TierKey& Scheduler::TierKeyFor(KeyState& key, TierState& tier) {
   std::unique_ptr<TierKey>& tk = key.tiers[&tier];
-  if (tk == nullptr) tk = std::make_unique<TierKey>();
+  if (tk == nullptr) {
+    tk = std::make_unique<TierKey>();
+    tk->key = &key;
+  }
   return *tk;
 }
 
 Scheduler::TierTenant& Scheduler::TierTenantFor(TenantState& tenant, TierState& tier) {
   std::unique_ptr<TierTenant>& tt = tenant.tiers[&tier];
-  if (tt == nullptr) tt = std::make_unique<TierTenant>();
+  if (tt == nullptr) {
+    tt = std::make_unique<TierTenant>();
+    tt->tenant = &tenant;
+  }
   return *tt;
 }
 
-void Scheduler::FileKey(TierState& tier, KeyState& key, TierKey& tk, bool ready) {
+void Scheduler::SyncKey(TierState& tier, KeyState& key, TierKey& tk) {
   TenantState& tenant = *key.tenant;
   TierTenant& tt = TierTenantFor(tenant, tier);
+  const bool ready = !tk.heads.empty();
+  if (tk.filed) {
+    if (ready && tk.filed_cost == key.cost && tk.filed_head == tk.heads.begin()->first) return;
+    tt.keys.erase({tk.filed_cost, tk.filed_head, &tk});
+    tt.heads.erase({tk.filed_head, &key});
+  }
+  tk.filed = ready;
   if (ready) {
-    tt.keys.insert({key.cost, &key});
-    tk.filed = true;
     tk.filed_cost = key.cost;
-    if (!tt.filed) {
-      tt.filed = true;
-      tt.filed_rank = tenant.rank();
-      tt.filed_cost = tenant.cost;
-      tier.tenants.insert({tt.filed_rank, tt.filed_cost, &tenant});
+    tk.filed_head = tk.heads.begin()->first;
+    tt.keys.insert({tk.filed_cost, tk.filed_head, &tk});
+    tt.heads.insert({tk.filed_head, &key});
+  }
+  SyncTenant(tier, tenant, tt);
+}
+
+void Scheduler::SyncTenant(TierState& tier, TenantState& tenant, TierTenant& tt) {
+  const bool ready = !tt.heads.empty();
+  const int rank = tenant.rank();
+  if (tt.filed) {
+    if (ready && tt.filed_rank == rank && tt.filed_cost == tenant.cost &&
+        tt.filed_head == tt.heads.begin()->first) {
+      return;
     }
-  } else {
-    tt.keys.erase({tk.filed_cost, &key});
-    tk.filed = false;
-    if (tt.keys.empty() && tt.filed) {
-      tier.tenants.erase({tt.filed_rank, tt.filed_cost, &tenant});
-      tt.filed = false;
-    }
+    tier.tenants.erase({tt.filed_rank, tt.filed_cost, tt.filed_head, &tt});
+  }
+  tt.filed = ready;
+  if (ready) {
+    tt.filed_rank = rank;
+    tt.filed_cost = tenant.cost;
+    tt.filed_head = tt.heads.begin()->first;
+    tier.tenants.insert({tt.filed_rank, tt.filed_cost, tt.filed_head, &tt});
   }
 }
 
 void Scheduler::RefileKey(KeyState& key) {
   for (auto& [tier, tk] : key.tiers) {
-    if (!tk->filed || tk->filed_cost == key.cost) continue;
-    TierTenant& tt = *key.tenant->tiers.at(tier);
-    tt.keys.erase({tk->filed_cost, &key});
-    tt.keys.insert({key.cost, &key});
-    tk->filed_cost = key.cost;
+    if (tk->filed && tk->filed_cost != key.cost) SyncKey(*tier, key, *tk);
   }
 }
 
 void Scheduler::RefileTenant(TenantState& tenant) {
   const int rank = tenant.rank();
   for (auto& [tier, tt] : tenant.tiers) {
-    if (!tt->filed || (tt->filed_rank == rank && tt->filed_cost == tenant.cost)) continue;
-    tier->tenants.erase({tt->filed_rank, tt->filed_cost, &tenant});
-    tier->tenants.insert({rank, tenant.cost, &tenant});
-    tt->filed_rank = rank;
-    tt->filed_cost = tenant.cost;
+    if (tt->filed && (tt->filed_rank != rank || tt->filed_cost != tenant.cost)) {
+      SyncTenant(*tier, tenant, *tt);
+    }
   }
 }
 
@@ -134,6 +149,10 @@ void Scheduler::ActivateKey(KeyState& key) {
   // A key back from idle starts at its tenant's key virtual time, and a tenant back from idle
   // at the tenants' virtual time: no credit banked while away, at either level.
   TenantState& tenant = *key.tenant;
+  if (!key.active) {
+    key.active = true;
+    ++tenant.active_keys;
+  }
   if (tenant.pending == 0 && tenant.placed == 0 && tenant.cost < VirtualTime()) {
     tenant.cost = VirtualTime();
     tenant.changed = true;
@@ -148,6 +167,10 @@ void Scheduler::ActivateKey(KeyState& key) {
 
 void Scheduler::DeactivateKey(KeyState& key) {
   key.idle_since = last_now_;
+  if (key.active) {
+    key.active = false;
+    --key.tenant->active_keys;
+  }
   if (key.tenant->pending == 0 && key.tenant->placed == 0) key.tenant->idle_since = last_now_;
 }
 
@@ -292,6 +315,52 @@ Scheduler::Lane* Scheduler::FirstOpenLane(const Group& g, absl::Time now) const 
 double Scheduler::KeyCost(const std::string& fairness_key) const {
   auto it = keys_by_name_.find(fairness_key);
   return it == keys_by_name_.end() ? 0 : it->second.front()->cost;
+}
+
+std::pair<double, double> Scheduler::TenantShares(const TenantState& tenant) const {
+  double weights = 0;
+  for (const auto& [name, t] : tenants_) {
+    if (t->pending > 0 || t->placed > 0) weights += t->weight;
+  }
+  const double share =
+      placed_count_ == 0 ? 0
+                         : static_cast<double>(tenant.placed) / static_cast<double>(placed_count_);
+  const bool active = tenant.pending > 0 || tenant.placed > 0;
+  return {share, active && weights > 0 ? tenant.weight / weights : 0};
+}
+
+namespace {
+
+constexpr double kStartRateAlpha = 0.3;
+
+}  // namespace
+
+void Scheduler::CountStart(TypeState& type, absl::Time now) {
+  if (type.bucket_start == absl::InfinitePast() || now - type.bucket_start > absl::Minutes(1)) {
+    type.start_rate = 0;  // long idle: what came before says nothing
+    type.started_in_bucket = 0;
+    type.bucket_start = now;
+  }
+  while (now - type.bucket_start >= absl::Seconds(1)) {
+    type.start_rate = kStartRateAlpha * static_cast<double>(type.started_in_bucket) +
+                      (1 - kStartRateAlpha) * type.start_rate;
+    type.started_in_bucket = 0;
+    type.bucket_start += absl::Seconds(1);
+  }
+  ++type.started_in_bucket;
+}
+
+double Scheduler::StartRate(const TypeState& type, absl::Time now) {
+  if (type.bucket_start == absl::InfinitePast() || now - type.bucket_start > absl::Minutes(1)) {
+    return 0;
+  }
+  double rate = type.start_rate;
+  int64_t started = type.started_in_bucket;
+  for (absl::Time b = type.bucket_start; now - b >= absl::Seconds(1); b += absl::Seconds(1)) {
+    rate = kStartRateAlpha * static_cast<double>(started) + (1 - kStartRateAlpha) * rate;
+    started = 0;
+  }
+  return rate;
 }
 
 double Scheduler::TenantCost(const std::string& tenant) const {

@@ -3,6 +3,8 @@
 // The scheduler's internal state, shared by scheduler.cc and tests that inject faults
 // (SchedulerTestPeer). Nothing else includes it.
 
+#include <algorithm>
+#include <cstdint>
 #include <memory>
 #include <set>
 #include <string>
@@ -15,11 +17,32 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+
 #include "lib/config/config.h"
 #include "lib/sched/scheduler.h"
 #include "lib/sched/token_bucket.h"
 
 namespace dispatchd::sched {
+
+// A set of groups, by Group::index: which groups a key or tenant has ready lanes in, and which
+// the worker being decided for can take, so that a walk skips what cannot match in one AND.
+using GroupMask = std::vector<uint64_t>;
+inline void SetBit(GroupMask& m, size_t i) {
+  if (m.size() <= i / 64) m.resize(i / 64 + 1, 0);
+  m[i / 64] |= uint64_t{1} << (i % 64);
+}
+inline void ClearBit(GroupMask& m, size_t i) {
+  if (i / 64 < m.size()) m[i / 64] &= ~(uint64_t{1} << (i % 64));
+}
+inline bool TestBit(const GroupMask& m, size_t i) {
+  return i / 64 < m.size() && (m[i / 64] >> (i % 64) & 1) != 0;
+}
+inline bool Intersects(const GroupMask& a, const GroupMask& b) {
+  for (size_t i = 0, n = std::min(a.size(), b.size()); i < n; ++i) {
+    if ((a[i] & b[i]) != 0) return true;
+  }
+  return false;
+}
 
 // Internal state. Pending jobs live in lanes: one lane per (group, fairness key), a group being
 // the pending jobs of one type with one label set. Everything a skip rule looks at except
@@ -37,8 +60,10 @@ struct Scheduler::TierState {
   int64_t running = 0;
   std::vector<TypeState*> types;
   // Tenants with a ready job in this tier, by (0 if below its floor else 1, weight-normalised
-  // cost); equal places are compared by their jobs' arrival when chosen.
-  std::set<std::tuple<int, double, TenantState*>> tenants;
+  // cost, its oldest ready head in the tier): among equal places the oldest job goes first, and
+  // a walk in this order can stop at the first place whose oldest head is younger than the best
+  // job found.
+  std::set<std::tuple<int, double, Ord, TierTenant*>> tenants;
 };
 
 struct Scheduler::ModelState {
@@ -60,10 +85,15 @@ struct Scheduler::TypeState {
   int running = 0;
   int64_t queued = 0;
   std::vector<std::unique_ptr<Group>> groups;
+  // Jobs started per second lately: an exponential moving average over 1 s buckets.
+  double start_rate = 0;
+  int64_t started_in_bucket = 0;
+  absl::Time bucket_start = absl::InfinitePast();
 };
 
 struct Scheduler::Group {
   TypeState* type = nullptr;
+  size_t index = 0;                                         // dense, for GroupMask
   std::vector<std::pair<std::string, std::string>> labels;  // sorted
   std::string signature;
   absl::flat_hash_map<KeyState*, std::unique_ptr<Lane>> lanes;
@@ -87,11 +117,18 @@ struct Scheduler::Lane {
 
 // A tenant's keys with a ready job in one tier, and its place in the tier's tenant order.
 struct Scheduler::TierTenant {
-  // By accumulated cost (then address: equal costs are compared by their jobs' arrival).
-  std::set<std::pair<double, KeyState*>> keys;
+  TenantState* tenant = nullptr;
+  // Its keys with a ready job in the tier, by (accumulated cost, oldest ready head there).
+  std::set<std::tuple<double, Ord, TierKey*>> keys;
+  // Ready lanes of its keys per group, and the groups where that is not 0.
+  std::vector<int32_t> ready_by_group;
+  GroupMask groups;
+  // The same keys by oldest ready head: the tenant's own oldest head is the first.
+  absl::btree_set<std::pair<Ord, KeyState*>> heads;
   bool filed = false;
   int filed_rank = 0;
   double filed_cost = 0;
+  Ord filed_head{};
 };
 
 // A tenant: the first level of fair queuing. Its cost is the service its jobs received divided
@@ -107,7 +144,8 @@ struct Scheduler::TenantState {
   bool changed = false;  // its settled cost, since TakeAccounts
   int64_t pending = 0;
   int64_t placed = 0;
-  int64_t keys = 0;  // KeyStates of this tenant
+  int64_t keys = 0;         // KeyStates of this tenant
+  int64_t active_keys = 0;  // of them, those with a job pending or placed
   absl::Time idle_since = absl::InfinitePast();
   // Key-level start tags of its jobs in service: its keys' virtual time.
   std::multiset<double> key_tags;
@@ -121,12 +159,17 @@ struct Scheduler::TenantState {
   bool capped() const { return placed >= max_running; }
 };
 
-// A key's lanes in one tier, and its place in the tier's key order.
+// A key's lanes in one tier, and its place in its tenant's key order there.
 struct Scheduler::TierKey {
+  KeyState* key = nullptr;
   std::vector<Lane*> lanes;
-  int ready_lanes = 0;
+  // The groups of its ready lanes (a key has one lane per group).
+  GroupMask groups;
+  // Its lanes with a ready job, by their head's arrival.
+  absl::btree_set<std::pair<Ord, Lane*>> heads;
   bool filed = false;
   double filed_cost = 0;
+  Ord filed_head{};
 };
 
 struct Scheduler::KeyState {
@@ -135,6 +178,7 @@ struct Scheduler::KeyState {
   double cost = 0;
   double in_service = 0;  // of `cost`, what jobs in service were charged
   bool changed = false;   // its settled cost, since TakeAccounts
+  bool active = false;    // a job pending or placed (counted in its tenant's active_keys)
   int64_t pending = 0;
   // Of `pending`, by type (entries may be 0).
   absl::flat_hash_map<const TypeState*, int64_t> pending_by_type;

@@ -65,6 +65,7 @@ void AddSchedulerStats(const sched::SchedulerStats& s, size_t max_keys, v1::Stat
     const sched::SchedulerStats::Key& k = s.keys[i];
     v1::KeyStats* out = resp->add_keys();
     out->set_fairness_key(k.name);
+    out->set_tenant(k.tenant);
     out->set_queued(k.queued);
     out->set_running(k.running);
     out->set_cost(k.cost);
@@ -72,6 +73,26 @@ void AddSchedulerStats(const sched::SchedulerStats& s, size_t max_keys, v1::Stat
   }
   resp->set_keys_total(s.keys_total);
   resp->set_virtual_time(s.virtual_time);
+  // Tenants with work first, then by name; at most as many as keys.
+  std::vector<const sched::SchedulerStats::Tenant*> tenants;
+  for (const sched::SchedulerStats::Tenant& t : s.tenants) tenants.push_back(&t);
+  std::stable_sort(tenants.begin(), tenants.end(), [](const auto* a, const auto* b) {
+    return (a->queued + a->running > 0) > (b->queued + b->running > 0);
+  });
+  for (size_t i = 0; i < tenants.size() && i < max_keys; ++i) {
+    const sched::SchedulerStats::Tenant& t = *tenants[i];
+    v1::TenantStats* out = resp->add_tenants();
+    out->set_tenant(t.name);
+    out->set_weight(t.weight);
+    out->set_queued(t.queued);
+    out->set_running(t.running);
+    out->set_share(t.share);
+    out->set_fair_share(t.fair_share);
+    out->set_cost(t.cost);
+    out->set_max_running(t.max_running == config::kUnlimited ? 0 : t.max_running);
+    out->set_min_running(t.min_running);
+    out->set_keys(t.keys);
+  }
 }
 
 // The rate limit a SetRateLimitRequest asks for, or INVALID_ARGUMENT naming the field.

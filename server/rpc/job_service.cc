@@ -294,6 +294,18 @@ void JobServiceImpl::AddWaitInfo(const job::Job& row, v1::Job* job) {
   job->set_wait_reason(std::string(sched::ToString(reason)));
   job->set_queue_position(info->position);
   job->set_keys_ahead(info->keys_ahead);
+  job->set_tenant(info->tenant);
+  job->set_tenant_share(info->tenant_share);
+  job->set_tenant_fair_share(info->tenant_fair_share);
+  job->set_key_share(info->key_share);
+  job->set_key_fair_share(info->key_fair_share);
+  job->set_conflict_holder(info->conflict_holder);
+  if (info->next_token_at != absl::InfinitePast()) {
+    convert::ToProto(info->next_token_at, job->mutable_next_token_at());
+  }
+  if (info->estimated_start != absl::InfiniteFuture()) {
+    convert::ToProto(info->estimated_start, job->mutable_estimated_start_at());
+  }
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::Cancel(grpc::CallbackServerContext* ctx,

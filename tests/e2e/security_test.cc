@@ -377,7 +377,9 @@ TEST_F(SecurityTest, AClientCannotBuySharesWithFairnessKeysButAGatewayNamesEndUs
     for (const v1::SubmitResponse& s : r->results()) ids.push_back(s.job_id());
   }
   std::unique_ptr<client::Client> admin = As("ops");
-  std::unique_ptr<Worker> worker = StartWorker("w1", "gpu", 1, {"--echo"});
+  // Shares are of worker time (each job is charged what it ran): jobs of a steady 5 ms make them
+  // shares of jobs too, where echo jobs' microseconds would be mostly noise.
+  std::unique_ptr<Worker> worker = StartWorker("w1", "gpu", 1, {"--simulate", "100%:5ms"});
   ASSERT_TRUE(WaitForSucceeded(*admin, 2 * kJobs));
   // While both were backlogged (the first half of the run), each got half.
   std::vector<std::string> order = ServedOrder(*admin, ids, "payload");

@@ -446,6 +446,63 @@ TEST(FairAccountsTest, RestoredSchedulerKeepsTheWeightedShares) {
   EXPECT_GT(afresh - steady, 0.02);
 }
 
+TEST(ExplainTheWaitTest, StatusNamesTheSharesTheHolderTheTokenAndAnEstimatedStart) {
+  config::Config c;
+  c.types.push_back({.name = "gen", .conflict_group = "doc"});
+  c.types.push_back({.name = "slow", .rate = {.per_second = 0.5, .burst = 1}});
+  c.tenants.push_back({.name = "big", .principals = {"alice"}, .weight = 3});
+  ASSERT_TRUE(c.Validate().ok());
+  Scheduler s(c, kT0);
+  s.AddWorker({.id = "w", .types = {"gen", "slow"}, .slots = 4});
+  absl::Time now = kT0;
+  // A job of alice's holds doc-1; bob's job on doc-1 waits for it.
+  s.Enqueue({.id = "a1",
+             .type = "gen",
+             .resource_id = "doc-1",
+             .fairness_key = "alice",
+             .owner = "alice",
+             .arrival = now});
+  ASSERT_THAT(s.Decide(now), SizeIs(1));
+  s.Enqueue({.id = "b1",
+             .type = "gen",
+             .resource_id = "doc-1",
+             .fairness_key = "bob",
+             .owner = "bob",
+             .arrival = now});
+  EXPECT_THAT(s.Decide(now), SizeIs(0));
+  WaitInfo w = s.WhyWaiting("b1", now);
+  EXPECT_EQ(w.reason, WaitReason::kConflict);
+  EXPECT_EQ(w.conflict_holder, "a1");
+  EXPECT_EQ(w.tenant, "bob");
+  EXPECT_DOUBLE_EQ(w.tenant_share, 0);          // bob runs nothing of the 1 placed job
+  EXPECT_DOUBLE_EQ(w.tenant_fair_share, 0.25);  // weight 1 of 3 + 1
+  EXPECT_DOUBLE_EQ(w.key_fair_share, 1);
+  // The rate-limited type: one token, then one every 2 s.
+  s.Enqueue({.id = "s1", .type = "slow", .fairness_key = "bob", .owner = "bob", .arrival = now});
+  s.Enqueue({.id = "s2", .type = "slow", .fairness_key = "bob", .owner = "bob", .arrival = now});
+  ASSERT_THAT(s.Decide(now), SizeIs(1));
+  w = s.WhyWaiting("s2", now);
+  EXPECT_EQ(w.reason, WaitReason::kRateLimit);
+  EXPECT_EQ(w.next_token_at, now + absl::Seconds(2));
+  // Jobs of "gen" started at one a second for a while: a queue of 10 behind one key of a lone
+  // tenant is expected to start in about 10 s.
+  Scheduler r(Tenants({}), kT0);
+  r.AddWorker({.id = "w", .types = {"gen"}, .slots = 1});
+  now = kT0;
+  for (int i = 0; i < 30; ++i) {
+    r.Enqueue({.id = absl::StrCat("x", i), .type = "gen", .fairness_key = "k", .arrival = kT0});
+  }
+  for (int i = 0; i < 15; ++i, now += absl::Seconds(1)) {
+    std::vector<Dispatch> d = r.Decide(now);
+    ASSERT_THAT(d, SizeIs(1));
+    r.Finished(d[0].job_id, now + absl::Seconds(1), absl::Seconds(1));
+  }
+  w = r.WhyWaiting("x24", now);
+  EXPECT_EQ(w.position, 10);
+  ASSERT_NE(w.estimated_start, absl::InfiniteFuture());
+  EXPECT_NEAR(absl::ToDoubleSeconds(w.estimated_start - now), 10, 1.5);
+}
+
 TEST(TenantAuditTest, TenantCountsAgreeWithTheJobs) {
   Fleet f(Tenants({{.name = "t", .principals = {"alice"}, .min_running = 1}}), /*slots=*/2);
   f.Submit("alice", "alice", 5);
