@@ -203,4 +203,10 @@ absl::StatusOr<v1::SetRateLimitResponse> Client::SetRateLimit(
   return Unary(&v1::AdminService::Stub::SetRateLimit, *admin_, request, options_.default_deadline);
 }
 
+absl::StatusOr<v1::SetTenantWeightResponse> Client::SetTenantWeight(
+    const v1::SetTenantWeightRequest& request) {
+  return Unary(&v1::AdminService::Stub::SetTenantWeight, *admin_, request,
+               options_.default_deadline);
+}
+
 }  // namespace dispatchd::client

@@ -33,7 +33,8 @@ namespace dispatchd::client {
 namespace v1 = ::dispatchd::v1;
 
 struct ClientOptions {
-  // Deadline of each unary call (Submit, Status, Cancel, Stats, ListWorkers, SetRateLimit).
+  // Deadline of each unary call (Submit, Status, Cancel, Stats, ListWorkers, SetRateLimit,
+  // SetTenantWeight).
   absl::Duration default_deadline = absl::Seconds(10);
   // TLS and the bearer token (see Security); none by default.
   Security security;
@@ -100,6 +101,8 @@ class Client {
   // Changes or clears a model's rate limit until the daemon's next config load. INVALID_ARGUMENT
   // for a bad request, NOT_FOUND if no configured type uses the model.
   absl::StatusOr<v1::SetRateLimitResponse> SetRateLimit(const v1::SetRateLimitRequest& request);
+  absl::StatusOr<v1::SetTenantWeightResponse> SetTenantWeight(
+      const v1::SetTenantWeightRequest& request);
   // Drains a connected worker (no new jobs; it finishes what it runs, then stops). NOT_FOUND if
   // no such worker is connected.
   absl::StatusOr<v1::DrainWorkerResponse> DrainWorker(absl::string_view worker_id);

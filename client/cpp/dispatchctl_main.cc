@@ -59,7 +59,8 @@ enum ExitCode : int {
 constexpr char kExitCodes[] =
     "Exit codes:\n"
     "  0  ok (submit: queued; run/status/watch: the job SUCCEEDED; cancel: the job is now\n"
-    "     CANCELLED; workers/stats/top/drain/set-rate-limit/reload: ok; health: SERVING)\n"
+    "     CANCELLED; workers/stats/top/drain/set-rate-limit/set-weight/reload: ok; health:\n"
+    "     SERVING)\n"
     "  1  the job FAILED\n"
     "  2  usage error, or INVALID_ARGUMENT from the daemon\n"
     "  3  the job was CANCELLED or EXPIRED\n"
@@ -551,7 +552,7 @@ int CmdTop(Client& client, absl::Duration interval, int iterations) {
 constexpr char kBashCompletion[] = R"(# bash completion for dispatchctl
 _dispatchctl() {
   local cur=${COMP_WORDS[COMP_CWORD]} prev=${COMP_WORDS[COMP_CWORD-1]}
-  local commands="submit run status cancel watch workers stats top drain reload health set-rate-limit completion"
+  local commands="submit run status cancel watch workers stats top drain reload health set-rate-limit set-weight completion"
   local globals="--server --json --timeout --tls-ca --tls-cert --tls-key --token-file --help"
   local i sub=""
   for ((i = 1; i < COMP_CWORD; i++)); do
@@ -783,6 +784,21 @@ int CmdSetRateLimit(Client& client, const RateLimitFlags& flags, bool json) {
   return kOk;
 }
 
+int CmdSetWeight(Client& client, const std::string& tenant, double weight, bool json) {
+  v1::SetTenantWeightRequest req;
+  req.set_tenant(tenant);
+  req.set_weight(weight);
+  absl::StatusOr<v1::SetTenantWeightResponse> r = client.SetTenantWeight(req);
+  if (!r.ok()) return Fail(r.status());
+  if (json) {
+    std::cout << ToJson(*r) << "\n";
+  } else {
+    std::cout << r->tenant() << ": weight " << FormatNumber(r->weight(), 6)
+              << " (until the daemon's next config load)\n";
+  }
+  return kOk;
+}
+
 int Main(int argc, char** argv) {
   CLI::App app{"dispatchctl: command-line client for the dispatchd job-dispatch daemon."};
   app.require_subcommand(1);
@@ -886,8 +902,18 @@ int Main(int argc, char** argv) {
   auto* clear = set_rate_limit->add_flag("--clear", rate_flags.clear, "Remove the limit");
   rpm->excludes(rps);
   clear->excludes(rpm)->excludes(rps)->excludes(burst);
-  for (CLI::App* sub : {submit, run, status, cancel, watch, workers, stats, set_rate_limit, drain,
-                        reload, health, top, completion}) {
+  std::string weight_tenant;
+  double weight = 0;
+  CLI::App* set_weight = app.add_subcommand(
+      "set-weight",
+      "Change a tenant's weight (its share against other tenants with work) until the daemon's\n"
+      "  next config load.\n"
+      "  Example: dispatchctl set-weight research 3");
+  set_weight->add_option("TENANT", weight_tenant, "A tenant, or a principal no tenant names")
+      ->required();
+  set_weight->add_option("WEIGHT", weight, "0.001 to 1000000")->required();
+  for (CLI::App* sub : {submit, run, status, cancel, watch, workers, stats, set_rate_limit,
+                        set_weight, drain, reload, health, top, completion}) {
     sub->footer(kExitCodes);
   }
 
@@ -927,6 +953,7 @@ int Main(int argc, char** argv) {
   if (workers->parsed()) return CmdWorkers(**client, json);
   if (stats->parsed()) return CmdStats(**client, json);
   if (set_rate_limit->parsed()) return CmdSetRateLimit(**client, rate_flags, json);
+  if (set_weight->parsed()) return CmdSetWeight(**client, weight_tenant, weight, json);
   if (drain->parsed()) return CmdDrain(**client, drain_worker, json);
   if (reload->parsed()) return CmdReload(**client, json);
   if (top->parsed()) {

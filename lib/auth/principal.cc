@@ -25,6 +25,7 @@ Api ApiOf(Method method) {
     case Method::kSetRateLimit:
     case Method::kDrainWorker:
     case Method::kReload:
+    case Method::kSetTenantWeight:
       return Api::kAdmin;
   }
   return Api::kAdmin;
@@ -84,6 +85,8 @@ absl::string_view ToString(Method method) {
       return "dispatchd.v1.AdminService/DrainWorker";
     case Method::kReload:
       return "dispatchd.v1.AdminService/Reload";
+    case Method::kSetTenantWeight:
+      return "dispatchd.v1.AdminService/SetTenantWeight";
   }
   return "unknown method";
 }

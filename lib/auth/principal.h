@@ -55,6 +55,7 @@ enum class Method {
   kSetRateLimit,
   kDrainWorker,
   kReload,
+  kSetTenantWeight,
 };
 
 // "dispatchd.v1.JobService/Submit", ...

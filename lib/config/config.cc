@@ -167,6 +167,10 @@ absl::Status ValidateTenants(const Config& c) {
       return Bad(absl::StrCat(key, ".weight"),
                  absl::StrCat("must be in [0.001, 1000000], got ", t.weight));
     }
+    if (t.max_active < 1) {
+      return Bad(absl::StrCat(key, ".max_active"),
+                 absl::StrCat("must be >= 1, got ", t.max_active));
+    }
     if (t.max_running < 1) {
       return Bad(absl::StrCat(key, ".max_running"),
                  absl::StrCat("must be >= 1, got ", t.max_running));

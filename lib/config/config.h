@@ -224,6 +224,9 @@ struct TenantConfig {
   // Share of the fleet against other tenants with work: a tenant of weight 3 is served three
   // times the cost of a tenant of weight 1 while both have work.
   double weight = 1;
+  // Jobs of the tenant queued, dispatched or running at once; a Submit beyond it is refused
+  // before anything is written, with a retry hint.
+  int64_t max_active = std::numeric_limits<int64_t>::max();
   // Jobs of the tenant placed on workers at once.
   int max_running = kUnlimited;
   // Slots guaranteed while it has queued work: below it, the tenant is served before any tenant

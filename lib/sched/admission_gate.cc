@@ -1,6 +1,7 @@
 #include "lib/sched/admission_gate.h"
 
 #include <algorithm>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -20,10 +21,56 @@ void AdmissionGate::UpdateConfig(const config::Config& config) {
   max_active_ = config.max_active;
   max_depth_.clear();
   for (const config::JobTypeConfig& t : config.types) max_depth_[t.name] = t.max_queue_depth;
+  tenant_of_.clear();
+  tenant_max_.clear();
+  for (const config::TenantConfig& t : config.tenants) {
+    if (t.max_active == std::numeric_limits<int64_t>::max()) continue;
+    tenant_max_[t.name] = t.max_active;
+    for (const std::string& p : t.principals) tenant_of_[p] = t.name;
+  }
 }
 
-absl::Status AdmissionGate::TryAdmit(const std::string& type, absl::Duration* retry_after) {
+const std::string* AdmissionGate::LimitedTenantOf(const std::string& owner) const {
+  auto it = tenant_of_.find(owner);
+  return it == tenant_of_.end() ? nullptr : &it->second;
+}
+
+std::vector<std::string> AdmissionGate::LimitedTenants() const {
   absl::MutexLock l(&mu_);
+  std::vector<std::string> out;
+  for (const auto& [name, max] : tenant_max_) out.push_back(name);
+  return out;
+}
+
+void AdmissionGate::PublishOwners(const absl::flat_hash_map<std::string, int64_t>& by_owner) {
+  absl::MutexLock l(&mu_);
+  tenant_active_.clear();
+  for (const auto& [owner, n] : by_owner) {
+    if (const std::string* tenant = LimitedTenantOf(owner)) tenant_active_[*tenant] += n;
+  }
+}
+
+void AdmissionGate::PublishTenants(absl::flat_hash_map<std::string, int64_t> active_by_tenant) {
+  absl::MutexLock l(&mu_);
+  tenant_active_ = std::move(active_by_tenant);
+}
+
+absl::Status AdmissionGate::TryAdmit(const std::string& type, const std::string& owner,
+                                     absl::Duration* retry_after) {
+  absl::MutexLock l(&mu_);
+  const std::string* tenant = LimitedTenantOf(owner);
+  if (tenant != nullptr) {
+    int64_t active = 0;
+    if (auto a = tenant_active_.find(*tenant); a != tenant_active_.end()) active += a->second;
+    if (auto r = tenant_reserved_.find(*tenant); r != tenant_reserved_.end()) active += r->second;
+    const int64_t limit = tenant_max_.at(*tenant);
+    if (active >= limit) {
+      *retry_after = RetryAfterLocked(active - limit + 1);
+      return absl::ResourceExhaustedError(
+          absl::StrCat("tenants[", *tenant, "].max_active: ", active, " jobs active (limit ", limit,
+                       "); retry in ", absl::FormatDuration(*retry_after)));
+    }
+  }
   int64_t active = active_ + reserved_;
   if (active >= max_active_) {
     *retry_after = RetryAfterLocked(active - max_active_ + 1);
@@ -44,22 +91,30 @@ absl::Status AdmissionGate::TryAdmit(const std::string& type, absl::Duration* re
   }
   ++reserved_;
   ++reserved_by_type_[type];
+  if (tenant != nullptr) ++tenant_reserved_[*tenant];
   return absl::OkStatus();
 }
 
-void AdmissionGate::Release(const std::string& type) {
+void AdmissionGate::Release(const std::string& type, const std::string& owner) {
   absl::MutexLock l(&mu_);
   --reserved_;
   if (--reserved_by_type_[type] <= 0) reserved_by_type_.erase(type);
+  if (const std::string* tenant = LimitedTenantOf(owner)) {
+    if (--tenant_reserved_[*tenant] <= 0) tenant_reserved_.erase(*tenant);
+  }
 }
 
-void AdmissionGate::Counted(const std::string& type) {
+void AdmissionGate::Counted(const std::string& type, const std::string& owner) {
   absl::MutexLock l(&mu_);
   // The job moves from reserved to counted: count it now, before the next Publish does.
   --reserved_;
   if (--reserved_by_type_[type] <= 0) reserved_by_type_.erase(type);
   ++active_;
   ++queued_[type];
+  if (const std::string* tenant = LimitedTenantOf(owner)) {
+    if (--tenant_reserved_[*tenant] <= 0) tenant_reserved_.erase(*tenant);
+    ++tenant_active_[*tenant];
+  }
 }
 
 void AdmissionGate::Publish(int64_t active, absl::flat_hash_map<std::string, int64_t> queued) {

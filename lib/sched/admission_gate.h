@@ -2,20 +2,23 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+
 #include "lib/config/config.h"
 
 namespace dispatchd::sched {
 
 // Refuses work before anything is written: the `max_active` ceiling (jobs queued, dispatched or
-// running) and each type's `max_queue_depth`. A Submit reserves room with TryAdmit before its
-// row is inserted, and the reservation turns into a counted job when the dispatcher takes the
-// job in (Counted), or is given back if nothing was written (Release). The dispatcher reports the
-// jobs it holds with Publish, so concurrent Submits can never overshoot a limit.
+// running), each tenant's `max_active` (`tenants[i]`) and each type's `max_queue_depth`. A Submit
+// reserves room with TryAdmit before its row is inserted, and the reservation turns into a counted
+// job when the dispatcher takes the job in (Counted), or is given back if nothing was written
+// (Release). The dispatcher reports the jobs it holds with Publish, so concurrent Submits can never
+// overshoot a limit.
 //
 // A refusal carries a retry hint: the time the fleet needs, at its recent drain rate, to finish
 // the jobs above the ceiling.
@@ -30,15 +33,29 @@ class AdmissionGate {
   // Reserves room for one job of `type` (already validated), or RESOURCE_EXHAUSTED naming the
   // limit, e.g. "max_active: 1000 jobs active (limit 1000); retry in 2.5s". `retry_after` gets
   // the hint on refusal.
+  // `owner` is the submitting principal (empty without authentication): its tenant's max_active
+  // holds too, "tenants[research].max_active: ...".
+  absl::Status TryAdmit(const std::string& type, const std::string& owner,
+                        absl::Duration* retry_after) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status TryAdmit(const std::string& type, absl::Duration* retry_after)
-      ABSL_LOCKS_EXCLUDED(mu_);
+      ABSL_LOCKS_EXCLUDED(mu_) {
+    return TryAdmit(type, "", retry_after);
+  }
   // The reserved job was not written (the insert failed, or it was a duplicate).
-  void Release(const std::string& type) ABSL_LOCKS_EXCLUDED(mu_);
+  void Release(const std::string& type, const std::string& owner = "") ABSL_LOCKS_EXCLUDED(mu_);
   // The dispatcher now holds the reserved job and counts it in Publish.
-  void Counted(const std::string& type) ABSL_LOCKS_EXCLUDED(mu_);
+  void Counted(const std::string& type, const std::string& owner = "") ABSL_LOCKS_EXCLUDED(mu_);
   // What the dispatcher holds: every active job, and the queued ones per type.
   void Publish(int64_t active, absl::flat_hash_map<std::string, int64_t> queued_by_type)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // The active jobs of each tenant that has a max_active (others may be left out).
+  void PublishTenants(absl::flat_hash_map<std::string, int64_t> active_by_tenant)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The same from active jobs per owner (a standby counts them in the database).
+  void PublishOwners(const absl::flat_hash_map<std::string, int64_t>& active_by_owner)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The tenants that have a max_active, for the caller to count.
+  std::vector<std::string> LimitedTenants() const ABSL_LOCKS_EXCLUDED(mu_);
   // `n` jobs reached a terminal state: feeds the drain rate behind the retry hint.
   void Drained(int64_t n, absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -47,6 +64,9 @@ class AdmissionGate {
 
  private:
   absl::Duration RetryAfterLocked(int64_t excess) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The tenant of `owner` if it has a max_active, else null.
+  const std::string* LimitedTenantOf(const std::string& owner) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   mutable absl::Mutex mu_;
   int64_t max_active_ ABSL_GUARDED_BY(mu_);
@@ -55,6 +75,11 @@ class AdmissionGate {
   absl::flat_hash_map<std::string, int64_t> queued_ ABSL_GUARDED_BY(mu_);
   int64_t reserved_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<std::string, int64_t> reserved_by_type_ ABSL_GUARDED_BY(mu_);
+  // Tenants with a max_active: the limit, the jobs published plus counted since, and reserved.
+  absl::flat_hash_map<std::string, std::string> tenant_of_ ABSL_GUARDED_BY(mu_);  // principal
+  absl::flat_hash_map<std::string, int64_t> tenant_max_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, int64_t> tenant_active_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, int64_t> tenant_reserved_ ABSL_GUARDED_BY(mu_);
   // Drain rate: an exponential moving average of jobs finished per second, over 1 s buckets.
   double drain_per_second_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t drained_in_bucket_ ABSL_GUARDED_BY(mu_) = 0;

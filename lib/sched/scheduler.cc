@@ -746,48 +746,66 @@ Scheduler::Choice Scheduler::ChooseFor(WorkerState& w, absl::Time now) {
       }
     }
     // An overdue job of another model takes the worker only if its tenant (or, in the same
-    // tenant, its key) is owed service more than the one the worker would serve instead: one
-    // client's backlog of many models never makes the worker thrash, but a lighter client never
-    // waits much past max_affinity_wait.
-    if (starved != nullptr &&
-        (resident == nullptr || Before(*starved, *resident, /*strict_cost=*/true))) {
+    // tenant, its key) is owed service more than the one the worker would serve instead, here
+    // or with the load it would choose: one client's backlog of many models never makes the
+    // worker thrash, but a lighter client never waits much past max_affinity_wait.
+    auto take_starved = [&]() -> Choice {
       ModelState* m = starved->type->model;
       if (!Fits(w, m)) {
         w.swap_to = m;  // stop feeding the models in use so that they drain
         return {};
       }
       return {starved, true};
+    };
+    if (resident != nullptr) {
+      if (starved != nullptr && Before(*starved, *resident, /*strict_cost=*/true)) {
+        return take_starved();
+      }
+      return {resident, false};
     }
-    if (resident != nullptr) return {resident, false};
+    Job* pick = nullptr;
     if (!loads.empty()) {
-      // Load the model with the deepest queue this worker can serve, counting each queue per
-      // worker that already has the model loaded: two workers freed at once load two different
-      // deep models rather than the same one. Ties go by order.
-      for (LoadCandidate& c : loads) {
+      // Load a model no other worker holds if one waits: it needs a load whoever takes it, where
+      // a second worker on a model one worker is serving costs a load the mix did not need
+      // (and strands the unserved model's jobs until a worker is free for it). Among those, or
+      // if every model is held, the deepest queue, counting each queue per worker that has the
+      // model loaded, so that two workers freed at once load two different deep models. Ties
+      // go by order.
+      struct Counted {
+        LoadCandidate c;
+        int64_t serving;
+      };
+      std::vector<Counted> counted;
+      for (const LoadCandidate& c : loads) {
         int64_t serving = 1;
         for (const auto& [rank, other] : by_rank_) serving += other != &w && Resident(*other, c.model);
-        c.depth /= serving;
+        counted.push_back({{c.model, c.depth / serving}, serving});
       }
-      Job* pick = nullptr;
-      int64_t depth = 0;
-      for (const LoadCandidate& c : loads) {
-        if (c.depth < depth) continue;
-        GroupMask of_model;
-        for (TypeState* t : tier->types) {
-          if (t->model != c.model) continue;
-          for (auto& g : t->groups) {
-            if (g->stamp == stamp_ && g->fit == Fit::kLoad) SetBit(of_model, g->index);
+      for (const bool unserved_only : {true, false}) {
+        int64_t depth = 0;
+        for (const auto& [c, serving] : counted) {
+          if ((unserved_only && serving > 1) || c.depth < depth) continue;
+          GroupMask of_model;
+          for (TypeState* t : tier->types) {
+            if (t->model != c.model) continue;
+            for (auto& g : t->groups) {
+              if (g->stamp == stamp_ && g->fit == Fit::kLoad) SetBit(of_model, g->index);
+            }
+          }
+          Job* j = BestJob(*tier, of_model, now);
+          if (j == nullptr) continue;
+          if (pick == nullptr || c.depth > depth || Before(*j, *pick)) {
+            pick = j;
+            depth = c.depth;
           }
         }
-        Job* j = BestJob(*tier, of_model, now);
-        if (j == nullptr) continue;
-        if (pick == nullptr || c.depth > depth || Before(*j, *pick)) {
-          pick = j;
-          depth = c.depth;
-        }
+        if (pick != nullptr) break;
       }
-      if (pick != nullptr) return {pick, true};
     }
+    if (starved != nullptr && (pick == nullptr || Before(*starved, *pick, /*strict_cost=*/true))) {
+      return take_starved();
+    }
+    if (pick != nullptr) return {pick, true};
   }
   return {};
 }

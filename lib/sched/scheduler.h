@@ -208,8 +208,11 @@ struct SchedulerStats {
 //      swap budget (one client's many models never thrash a worker; a lighter client is served
 //      within about max_affinity_wait plus one job);
 //   2. else the best-ordered job of a model it has resident (or a job with no model): affinity;
-//   3. else it loads the model with the deepest queue it can serve, that depth divided by the
-//      workers already holding the model (ties by order).
+//   3. else it loads a model it can serve that no other worker holds, if one waits (it needs a
+//      load whoever takes it; a second worker on a held model may cost a load the mix did not
+//      need), the deepest queue first; else the model with the deepest queue divided by the
+//      workers already holding it (ties by order).
+// Before all three, a tenant below its min_running floor takes the slot, with a load if need be.
 // A model loads only if the VRAM of the models in use on the worker plus the new one fits; idle
 // resident models are evicted to make room. A worker that must leave a model still in use for a
 // starved one takes no more work until the swap fits.
@@ -347,6 +350,10 @@ class Scheduler {
   double KeyCost(const std::string& fairness_key) const;
   // Weight-normalised accumulated cost of a tenant; 0 if unknown.
   double TenantCost(const std::string& tenant) const;
+  // Jobs of a tenant pending or placed; 0 if unknown.
+  int64_t TenantActive(const std::string& tenant) const;
+  // The tenant of the (first) fairness key of that name; empty if none.
+  std::string TenantOfKey(const std::string& fairness_key) const;
 
  private:
   friend class SchedulerTestPeer;  // tests inject drift to check Audit

@@ -363,6 +363,16 @@ double Scheduler::StartRate(const TypeState& type, absl::Time now) {
   return rate;
 }
 
+int64_t Scheduler::TenantActive(const std::string& tenant) const {
+  auto it = tenants_.find(tenant);
+  return it == tenants_.end() ? 0 : it->second->pending + it->second->placed;
+}
+
+std::string Scheduler::TenantOfKey(const std::string& fairness_key) const {
+  auto it = keys_by_name_.find(fairness_key);
+  return it == keys_by_name_.end() ? "" : it->second.front()->tenant->name;
+}
+
 double Scheduler::TenantCost(const std::string& tenant) const {
   auto it = tenants_.find(tenant);
   return it == tenants_.end() ? 0 : it->second->cost;

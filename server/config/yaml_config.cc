@@ -132,7 +132,7 @@ constexpr absl::string_view kCertificateKeys[] = {"name", "principal", "role", "
 constexpr absl::string_view kMemoryThrottleKeys[] = {"ram_percent", "ram_resume_percent",
                                                      "gpu_percent", "gpu_resume_percent"};
 constexpr absl::string_view kTierKeys[] = {"name", "value"};
-constexpr absl::string_view kTenantKeys[] = {"name",        "principals",  "weight",
+constexpr absl::string_view kTenantKeys[] = {"name",        "principals",  "weight", "max_active",
                                              "max_running", "min_running", "rates"};
 constexpr absl::string_view kTenantRateKeys[] = {"model", "rpm", "rps", "burst"};
 constexpr absl::string_view kTypeKeys[] = {"name",
@@ -277,6 +277,7 @@ config::TenantConfig ParseTenant(const YAML::Node& node, const std::string& path
                if (key == "name") t.name = String(v, full);
                if (key == "principals") t.principals = StringList(v, full);
                if (key == "weight") t.weight = Number(v, full);
+               if (key == "max_active") t.max_active = Int(v, full);
                if (key == "max_running") t.max_running = IntInRange(v, full);
                if (key == "min_running") t.min_running = IntInRange(v, full);
                if (key == "rates") {

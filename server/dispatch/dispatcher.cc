@@ -132,15 +132,15 @@ void Dispatcher::Stop() {
   }
   sessions_.clear();
   std::vector<std::weak_ptr<WorkerLink>> links;
-  absl::flat_hash_map<std::string, int64_t> unsettled;
+  absl::flat_hash_map<std::pair<std::string, std::string>, int64_t> unsettled;
   {
     absl::MutexLock l(&mu_);
     links.swap(links_);
     unsettled.swap(unsettled_);
     tasks_.clear();
   }
-  for (const auto& [type, n] : unsettled) {
-    for (int64_t i = 0; i < n; ++i) admission_.Counted(type);
+  for (const auto& [type_owner, n] : unsettled) {
+    for (int64_t i = 0; i < n; ++i) admission_.Counted(type_owner.first, type_owner.second);
   }
   for (const std::weak_ptr<WorkerLink>& weak : links) {
     if (std::shared_ptr<WorkerLink> link = weak.lock()) {
@@ -160,12 +160,12 @@ void Dispatcher::JobQueued(job::Job job) {
     // below, or by Stop() if the task never runs (the term ended; the next one loads the row).
     absl::MutexLock l(&mu_);
     if (!stopping_) {
-      ++unsettled_[job.spec.type];
+      ++unsettled_[{job.spec.type, job.owner}];
       tasks_.push_back([this, job = std::move(job)]() mutable { TakeQueued(std::move(job)); });
       return;
     }
   }
-  admission_.Counted(job.spec.type);
+  admission_.Counted(job.spec.type, job.owner);
   // This term is over; whichever daemon leads next may have loaded its jobs before this row was
   // committed. Tell it, as a standby would (its reconcile would find the row later anyway).
   if (absl::Status told = store_.NotifyChanged(job.id); !told.ok()) {
@@ -176,9 +176,9 @@ void Dispatcher::JobQueued(job::Job job) {
 void Dispatcher::TakeQueued(job::Job job) {
   {
     absl::MutexLock l(&mu_);
-    --unsettled_[job.spec.type];
+    --unsettled_[{job.spec.type, job.owner}];
   }
-  admission_.Counted(job.spec.type);
+  admission_.Counted(job.spec.type, job.owner);
   if (jobs_.contains(job.id) || !Hold(job)) return;
   Keep(std::move(job));
 }
@@ -401,6 +401,7 @@ void Dispatcher::Loop() {
     const absl::Time now = clock_.TimeNow();
     if (now >= next_sweep_) {
       Sweep(now);
+      PublishTenantLoad();
       next_sweep_ = now + kSweepInterval;
     }
     if (now >= next_accounts_ && !accounts_in_flight_.load()) {
@@ -417,6 +418,20 @@ void Dispatcher::Loop() {
     PublishLoad(now);
     FlushAcks();
   }
+}
+
+void Dispatcher::PublishTenantLoad() {
+  std::vector<std::string> limited = admission_.LimitedTenants();
+  if (limited.empty()) return;
+  absl::flat_hash_map<std::string, int64_t> active;
+  for (const std::string& t : limited) active[t] = scheduler_.TenantActive(t);
+  // Rows waiting in the database beyond a queue's window count for the tenant of its key.
+  for (const auto& [queue, w] : windows_) {
+    if (w.unheld == 0) continue;
+    auto it = active.find(scheduler_.TenantOfKey(queue.second));
+    if (it != active.end()) it->second += w.unheld;
+  }
+  admission_.PublishTenants(std::move(active));
 }
 
 void Dispatcher::SaveAccounts(bool wait) {
@@ -511,6 +526,17 @@ bool Dispatcher::SetRateLimit(const std::string& rate_key, config::RateLimit lim
     if (*out) {
       server::Log("dispatch")->info("rate limit set key={} per_second={} burst={}", rate_key,
                                     limit.per_second, limit.burst);
+    }
+  });
+  return ran && *out;
+}
+
+bool Dispatcher::SetTenantWeight(const std::string& tenant, double weight) {
+  auto out = std::make_shared<bool>(false);
+  bool ran = RunOnLoop([this, out, tenant, weight] {
+    *out = scheduler_.SetTenantWeight(tenant, weight, clock_.TimeNow());
+    if (*out) {
+      server::Log("dispatch")->info("tenant weight set tenant={} weight={}", tenant, weight);
     }
   });
   return ran && *out;

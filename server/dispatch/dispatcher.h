@@ -100,6 +100,9 @@ class Dispatcher {
   // Changes the rate limit of a model (or of a type without one) until the next config load.
   // False if no configured type uses `rate_key`. Waits for the loop.
   bool SetRateLimit(const std::string& rate_key, config::RateLimit limit);
+  // Sets a tenant's weight until the next config (sched::Scheduler::SetTenantWeight). False if
+  // the loop did not run it (stopping) or the weight is out of range.
+  bool SetTenantWeight(const std::string& tenant, double weight);
   // A reloaded config (see config::MergeReload): types, tiers, rate limits and policy change for
   // the jobs queued now and later; buckets keep their tokens, and a rate set by SetRateLimit
   // gives way to the file's. Waits for the loop; false if it has stopped.
@@ -194,6 +197,8 @@ class Dispatcher {
   void Refill(absl::Time now);
   // Tells the admission gate what the loop holds now.
   void PublishLoad(absl::Time now);
+  // Tells the admission gate the active jobs of each tenant that has a max_active.
+  void PublishTenantLoad();
   // Saves the scheduler's changed fair-share accounts on the writer, or here with `wait`.
   void SaveAccounts(bool wait);
   void Sweep(absl::Time now);
@@ -288,8 +293,9 @@ class Dispatcher {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // Every link handed to WorkerConnected, so that Stop() can close those whose Hello never ran.
   std::vector<std::weak_ptr<WorkerLink>> links_ ABSL_GUARDED_BY(mu_);
-  // Jobs handed to JobQueued whose admission reservation the loop has not settled yet, by type.
-  absl::flat_hash_map<std::string, int64_t> unsettled_ ABSL_GUARDED_BY(mu_);
+  // Jobs handed to JobQueued whose admission reservation the loop has not settled yet, by type
+  // and owner.
+  absl::flat_hash_map<std::pair<std::string, std::string>, int64_t> unsettled_ ABSL_GUARDED_BY(mu_);
   std::thread loop_;
   std::atomic<int64_t> repairs_{0};
   std::atomic<int64_t> last_loop_ns_{absl::ToUnixNanos(absl::Now())};

@@ -343,12 +343,14 @@ void Leadership::RefreshAdmission() {
   absl::StatusOr<std::vector<store::TypeStateCount>> counts = store_.CountActiveByTypeAndState();
   if (!counts.ok()) return;
   int64_t active = 0;
-  absl::flat_hash_map<std::string, int64_t> queued;
+  absl::flat_hash_map<std::string, int64_t> queued, by_owner;
   for (const store::TypeStateCount& c : *counts) {
     active += c.count;
     if (c.state == job::JobState::kQueued) queued[c.type] += c.count;
+    by_owner[c.owner] += c.count;
   }
   admission_.Publish(active, std::move(queued));
+  admission_.PublishOwners(by_owner);
 }
 
 }  // namespace dispatchd::ha

@@ -338,4 +338,45 @@ grpc::ServerUnaryReactor* AdminServiceImpl::SetRateLimit(grpc::CallbackServerCon
   return reactor;
 }
 
+grpc::ServerUnaryReactor* AdminServiceImpl::SetTenantWeight(grpc::CallbackServerContext* ctx,
+                                                            const grpc::ByteBuffer* request,
+                                                            grpc::ByteBuffer* response) {
+  bool parsed = false;
+  auto* reactor = StartUnary<v1::SetTenantWeightRequest, v1::SetTenantWeightResponse>(
+      request, response, &parsed);
+  if (!parsed) return reactor;
+  const v1::SetTenantWeightRequest* req = &reactor->request();
+  v1::SetTenantWeightResponse* resp = &reactor->response();
+  std::optional<auth::Principal> caller = Authorize(ctx, auth::Method::kSetTenantWeight, reactor);
+  if (!caller) return reactor;
+  if (req->tenant().empty()) {
+    reactor->Reply(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "tenant: required"));
+    return reactor;
+  }
+  if (!(req->weight() >= 0.001 && req->weight() <= 1e6)) {
+    reactor->Reply(
+        grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                     absl::StrCat("weight: must be in [0.001, 1000000], got ", req->weight())));
+    return reactor;
+  }
+  executor_.Schedule([this, req, resp, reactor, caller = *std::move(caller)] {
+    std::shared_ptr<dispatch::Dispatcher> d = leadership_.dispatcher();
+    if (d == nullptr) {
+      reactor->Reply(NotLeader(leadership_.leader()));
+      return;
+    }
+    Audit(caller, "set_tenant_weight", "tenant={} weight={}", req->tenant(), req->weight());
+    if (!d->SetTenantWeight(req->tenant(), req->weight())) {
+      // The weight was checked above: the daemon is stopping.
+      reactor->Reply(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                  "the dispatcher did not apply the weight; try again"));
+      return;
+    }
+    resp->set_tenant(req->tenant());
+    resp->set_weight(req->weight());
+    reactor->Reply(grpc::Status::OK);
+  });
+  return reactor;
+}
+
 }  // namespace dispatchd::rpc

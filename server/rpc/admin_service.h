@@ -16,15 +16,18 @@
 namespace dispatchd::rpc {
 
 // AdminService: what the daemon is doing now. Workers and the scheduler live on the leader: a
-// standby answers ListWorkers and SetRateLimit UNAVAILABLE, naming the leader. Admins only; each
-// action that changes something (reload, drain, rate limit) leaves an audit line in the log.
+// standby answers ListWorkers, SetRateLimit and SetTenantWeight UNAVAILABLE, naming the leader.
+// Admins only; each action that changes something (reload, drain, rate limit, tenant weight)
+// leaves an audit line in the log.
 // Thread-safe.
 // Every method takes raw bytes (see raw_call.h).
 using RawAdminService = v1::AdminService::WithRawCallbackMethod_Stats<
     v1::AdminService::WithRawCallbackMethod_ListWorkers<
         v1::AdminService::WithRawCallbackMethod_SetRateLimit<
             v1::AdminService::WithRawCallbackMethod_DrainWorker<
-                v1::AdminService::WithRawCallbackMethod_Reload<v1::AdminService::Service>>>>>;
+                v1::AdminService::WithRawCallbackMethod_Reload<
+                    v1::AdminService::WithRawCallbackMethod_SetTenantWeight<
+                        v1::AdminService::Service>>>>>>;
 
 class AdminServiceImpl final : public RawAdminService {
  public:
@@ -57,6 +60,9 @@ class AdminServiceImpl final : public RawAdminService {
   grpc::ServerUnaryReactor* Reload(grpc::CallbackServerContext* ctx,
                                    const grpc::ByteBuffer* request,
                                    grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* SetTenantWeight(grpc::CallbackServerContext* ctx,
+                                            const grpc::ByteBuffer* request,
+                                            grpc::ByteBuffer* response) override;
 
   // Fairness keys listed in a StatsResponse (the lowest-cost ones); `keys_total` counts all.
   static constexpr size_t kMaxStatsKeys = 100;

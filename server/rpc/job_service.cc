@@ -9,10 +9,12 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "absl/types/span.h"
+
 #include "lib/sched/admission.h"
 #include "lib/sched/admission_gate.h"
 #include "lib/sched/scheduler.h"
@@ -106,15 +108,20 @@ absl::StatusOr<std::vector<job::Job>> JobServiceImpl::Admit(
   // reservation is settled exactly once, by Settle.
   sched::AdmissionGate& gate = leadership_.admission();
   for (size_t i = 0; i < jobs.size(); ++i) {
-    if (absl::Status admitted = gate.TryAdmit(jobs[i].spec.type, retry_after); !admitted.ok()) {
-      // The gate's message starts with the limit that refused: max_active or max_queue_depth.
+    if (absl::Status admitted = gate.TryAdmit(jobs[i].spec.type, jobs[i].owner, retry_after);
+        !admitted.ok()) {
+      // The gate's message starts with the limit that refused: max_active, max_queue_depth or
+      // tenants[name].max_active (counted as tenant_max_active).
       const absl::string_view message = admitted.message();
+      const absl::string_view limit = message.substr(0, message.find(':'));
       metrics::Metrics()
-          .refused.With({jobs[i].spec.type, std::string(message.substr(0, message.find(':')))})
+          .refused
+          .With({jobs[i].spec.type,
+                 absl::StartsWith(limit, "tenants[") ? "tenant_max_active" : std::string(limit)})
           .Inc(static_cast<double>(jobs.size()));
       server::Log("grpc")->debug("refused type={} key={}: {}", jobs[i].spec.type,
                                  jobs[i].spec.fairness_key, admitted.message());
-      for (size_t j = 0; j < i; ++j) gate.Release(jobs[j].spec.type);
+      for (size_t j = 0; j < i; ++j) gate.Release(jobs[j].spec.type, jobs[j].owner);
       return admitted;
     }
   }
@@ -149,7 +156,7 @@ void JobServiceImpl::Settle(std::vector<job::Job>& jobs,
   for (size_t i = 0; i < jobs.size(); ++i) {
     job::Job& job = jobs[i];
     if (!outcomes.ok() || (*outcomes)[i].deduplicated) {
-      gate.Release(job.spec.type);
+      gate.Release(job.spec.type, job.owner);
       continue;
     }
     job.seq = (*outcomes)[i].seq;
@@ -160,7 +167,7 @@ void JobServiceImpl::Settle(std::vector<job::Job>& jobs,
       continue;
     }
     // A standby: the leader learns of the row from the database (now, or at its next recount).
-    gate.Counted(job.spec.type);
+    gate.Counted(job.spec.type, job.owner);
     if (notified) continue;
     // Leadership was lost while the row was being written: tell whoever leads now.
     if (absl::Status told = store_.NotifyChanged(job.id); !told.ok()) {

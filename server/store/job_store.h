@@ -79,6 +79,8 @@ struct TypeStateCount {
   std::string type;
   job::JobState state = job::JobState::kQueued;
   int64_t count = 0;
+  // CountActiveByTypeAndState only: the jobs' owner (counts are per type, state and owner).
+  std::string owner;
 };
 
 // Where a job stands, without its payload or result.
@@ -227,7 +229,7 @@ class JobStore {
   // Jobs in QUEUED, DISPATCHED or RUNNING.
   virtual absl::StatusOr<int64_t> CountActive() = 0;
 
-  // Counts of QUEUED, DISPATCHED and RUNNING jobs by type and state.
+  // Counts of QUEUED, DISPATCHED and RUNNING jobs by type, state and owner.
   virtual absl::StatusOr<std::vector<TypeStateCount>> CountActiveByTypeAndState() = 0;
 
   // State, attempt and worker of each job in `job_ids` that exists (in no particular order).

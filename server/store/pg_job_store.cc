@@ -1166,8 +1166,10 @@ absl::StatusOr<std::vector<TypeStateCount>> PgJobStore::CountActiveByTypeAndStat
         for (const pqxx::row& row : rows) {
           std::optional<job::JobState> parsed = job::ParseJobState(TextFromField(row[1]));
           if (!parsed.has_value()) return absl::InternalError("unknown job state");
-          counts.push_back(TypeStateCount{
-              .type = TextFromField(row[0]), .state = *parsed, .count = row[2].as<int64_t>()});
+          counts.push_back(TypeStateCount{.type = TextFromField(row[0]),
+                                          .state = *parsed,
+                                          .count = row[2].as<int64_t>(),
+                                          .owner = TextFromField(row[3])});
         }
         return counts;
       });
@@ -1202,15 +1204,15 @@ absl::Status PgJobStore::SaveAccounts(const std::vector<AccountRow>& rows, absl:
   return WithConnection(
       *pool_, absl::StrCat("save ", rows.size(), " fair-share accounts"),
       [&](pqxx::connection& conn) -> absl::Status {
-        pqxx::work txn(conn, "save_accounts");
+        // Two short statements of their own: nothing is held between them.
+        pqxx::nontransaction txn(conn);
+        txn.exec_prepared(kForgetAccounts.name, absl::ToDoubleSeconds(ttl));
         const int64_t epoch = fence_.load();
         if (txn.exec_prepared(kSaveAccounts.name, TextArrayLiteral(kinds), TextArrayLiteral(as),
                               TextArrayLiteral(bs), TextArrayLiteral(values), epoch)
                 .affected_rows() == 0) {
           DISPATCHD_RETURN_IF_ERROR(FenceHolds(txn, epoch));
         }
-        txn.exec_prepared(kForgetAccounts.name, absl::ToDoubleSeconds(ttl));
-        txn.commit();
         return absl::OkStatus();
       });
 }

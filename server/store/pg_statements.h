@@ -407,8 +407,9 @@ inline constexpr Statement kCountActive{
 
 inline constexpr Statement kCountActiveByTypeAndState{
     "count_active_by_type_and_state",
-    "SELECT type, state, count(*) FROM jobs_active WHERE state IN " DISPATCHD_PG_ACTIVE_STATES
-    " GROUP BY type, state ORDER BY type, state", Access::kScan};
+    "SELECT type, state, count(*), owner FROM jobs_active WHERE state "
+    "IN " DISPATCHD_PG_ACTIVE_STATES " GROUP BY type, state, owner ORDER BY type, state, owner",
+    Access::kScan};
 
 // $1 ids.
 inline constexpr Statement kGetRefs{
@@ -431,11 +432,14 @@ inline constexpr Statement kLeaderEpoch{"leader_epoch",
                                         "SELECT epoch FROM dispatchd_leader WHERE id = 1"};
 
 // $1..$4 kinds, a, b, values (text and float8 arrays), $5 epoch: writes the fair-share accounts
-// over the saved ones. Inserts nothing once the fence no longer holds.
-inline constexpr Statement kSaveAccounts{"save_accounts", "WITH " DISPATCHD_PG_FENCE(5) R"sql(
+// over the saved ones. Inserts nothing once another daemon leads. Unlike the job writes it takes
+// no lock on the leader row: the lease's renewal must never wait on it, and a save that races a
+// takeover writes values the new leader has already loaded or will overwrite within a second.
+inline constexpr Statement kSaveAccounts{"save_accounts", R"sql(
 INSERT INTO fair_accounts (kind, a, b, value, updated_at)
 SELECT u.kind, u.a, u.b, u.value, now()
-FROM unnest($1::text[], $2::text[], $3::text[], $4::float8[]) AS u(kind, a, b, value), fence
+FROM unnest($1::text[], $2::text[], $3::text[], $4::float8[]) AS u(kind, a, b, value)
+WHERE EXISTS (SELECT 1 FROM dispatchd_leader WHERE id = 1 AND epoch = $5::int8)
 ON CONFLICT (kind, a, b) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at
 )sql"};
 

@@ -32,10 +32,14 @@ class TenantsTest : public ::testing::Test {
                            {"bob", "client", ""},
                            {"ops", "admin", ""},
                            {"gpu", "worker", "types=echo"}});
+  }
+
+  // Starts the daemon with tenant research = {alice}, weight 3, and `more` of its keys.
+  void Start(const std::string& more = "") {
     DaemonOptions options{.postgres_url = db_->url()};
-    options.extra_yaml = absl::StrCat("auth:\n  tokens_file: ", dir_.File("tokens"),
-                                      "\ntenants:\n"
-                                      "  - {name: research, principals: [alice], weight: 3}\n");
+    options.extra_yaml = absl::StrCat(
+        "auth:\n  tokens_file: ", dir_.File("tokens"),
+        "\ntenants:\n  - {name: research, principals: [alice], weight: 3", more, "}\n");
     absl::StatusOr<std::unique_ptr<Daemon>> d = Daemon::Start(options, dir_);
     ASSERT_TRUE(d.ok()) << d.status();
     daemon_ = *std::move(d);
@@ -56,12 +60,27 @@ class TenantsTest : public ::testing::Test {
   }
 
   std::string Submit(const std::string& who, const std::string& payload) {
+    std::string id;
+    grpc::Status s = TrySubmit(who, payload, &id);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return id;
+  }
+
+  grpc::Status TrySubmit(const std::string& who, const std::string& payload, std::string* id,
+                         std::string* retry_after_ms = nullptr) {
     v1::SubmitRequest req;
     *req.mutable_spec() = Spec("echo", payload);
     v1::SubmitResponse resp;
-    grpc::Status s = jobs_->Submit(As(who).get(), req, &resp);
-    EXPECT_TRUE(s.ok()) << s.error_message();
-    return resp.job_id();
+    std::unique_ptr<grpc::ClientContext> ctx = As(who);
+    grpc::Status s = jobs_->Submit(ctx.get(), req, &resp);
+    *id = resp.job_id();
+    if (retry_after_ms != nullptr) {
+      auto it = ctx->GetServerTrailingMetadata().find("retry-after-ms");
+      if (it != ctx->GetServerTrailingMetadata().end()) {
+        *retry_after_ms = std::string(it->second.data(), it->second.size());
+      }
+    }
+    return s;
   }
 
   v1::Job StatusOf(const std::string& who, const std::string& id) {
@@ -104,6 +123,7 @@ class TenantsTest : public ::testing::Test {
 };
 
 TEST_F(TenantsTest, StatusAndStatsNameTheTenantAndItsShares) {
+  Start();
   std::unique_ptr<Worker> w = StartWorker(1, {"--simulate", "100%:60s"});
   ASSERT_NE(w, nullptr);
   ASSERT_TRUE(WaitFor([&] { return Stats().slots_total() == 1; }, absl::Seconds(30)));
@@ -149,6 +169,7 @@ TEST_F(TenantsTest, StatusAndStatsNameTheTenantAndItsShares) {
 }
 
 TEST_F(TenantsTest, AccountsSurviveARestart) {
+  Start();
   std::unique_ptr<Worker> w = StartWorker(2, {"--simulate", "100%:50ms"});
   ASSERT_NE(w, nullptr);
   std::vector<std::string> ids;
@@ -172,6 +193,63 @@ TEST_F(TenantsTest, AccountsSurviveARestart) {
   Connect();
   ASSERT_TRUE(WaitFor([&] { return TenantIn(Stats(), "research") != nullptr; }, absl::Seconds(30)));
   EXPECT_NEAR(TenantIn(Stats(), "research")->cost(), cost, 1e-6);
+}
+
+TEST_F(TenantsTest, TenantMaxActiveRefusesBeforeWritingAndHoldsNoOtherTenant) {
+  Start(", max_active: 3");
+  // No worker yet: the jobs stay queued, and active.
+  for (int i = 0; i < 3; ++i) Submit("alice", absl::StrCat("job ", i));
+  std::string id, retry_after;
+  grpc::Status refused = TrySubmit("alice", "one too many", &id, &retry_after);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(refused.error_message(),
+              HasSubstr("tenants[research].max_active: 3 jobs active (limit 3)"));
+  EXPECT_FALSE(retry_after.empty());
+  EXPECT_TRUE(id.empty());
+  EXPECT_EQ(Stats().types(0).queued(), 3);  // nothing was written
+  // bob is another tenant.
+  Submit("bob", "not held back");
+  // Once alice's jobs have run, she has room again.
+  std::unique_ptr<Worker> w = StartWorker(2, {"--echo"});
+  ASSERT_NE(w, nullptr);
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        std::string again;
+        return TrySubmit("alice", "room again", &again).ok();
+      },
+      absl::Seconds(30)));
+}
+
+TEST_F(TenantsTest, AnAdminSetsATenantsWeightAtOnce) {
+  Start();
+  Submit("bob", "so that bob's tenant exists");
+  auto set = [&](const std::string& who, const std::string& tenant, double weight,
+                 v1::SetTenantWeightResponse* resp) {
+    v1::SetTenantWeightRequest req;
+    req.set_tenant(tenant);
+    req.set_weight(weight);
+    return admin_->SetTenantWeight(As(who).get(), req, resp);
+  };
+  v1::SetTenantWeightResponse resp;
+  grpc::Status s = set("ops", "bob", 5, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(resp.weight(), 5);
+  const v1::TenantStats* bob = TenantIn(Stats(), "bob");
+  ASSERT_NE(bob, nullptr);
+  EXPECT_EQ(bob->weight(), 5);
+  EXPECT_EQ(set("alice", "research", 100, &resp).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  s = set("ops", "bob", 0, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("weight: must be in [0.001, 1000000]"));
+  EXPECT_THAT(set("ops", "", 1, &resp).error_message(), HasSubstr("tenant: required"));
+  CommandResult out =
+      daemon_->Ctl({"--token-file", dir_.File("ops.token"), "set-weight", "research", "2"});
+  EXPECT_EQ(out.exit_code, 0) << out.err;
+  EXPECT_THAT(out.out, HasSubstr("research: weight 2"));
+  EXPECT_EQ(TenantIn(Stats(), "research"), nullptr);  // known to the scheduler once it has jobs
+  Submit("alice", "now research exists");
+  ASSERT_NE(TenantIn(Stats(), "research"), nullptr);
+  EXPECT_EQ(TenantIn(Stats(), "research")->weight(), 2);
 }
 
 }  // namespace

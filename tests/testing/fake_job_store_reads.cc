@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -34,12 +35,17 @@ store::JobRef RefOf(const job::Job& job) {
 
 // Counts by (type, state), ordered by type, then state as its name sorts (the statement orders
 // the text column).
-std::vector<store::TypeStateCount> CountByTypeState(const std::vector<const job::Job*>& jobs) {
-  std::map<std::pair<std::string, std::string>, store::TypeStateCount> counts;
+// With `by_owner`, per (type, state, owner) as CountActiveByTypeAndState counts.
+std::vector<store::TypeStateCount> CountByTypeState(const std::vector<const job::Job*>& jobs,
+                                                    bool by_owner = false) {
+  std::map<std::tuple<std::string, std::string, std::string>, store::TypeStateCount> counts;
   for (const job::Job* job : jobs) {
-    store::TypeStateCount& c = counts[{job->spec.type, std::string(job::ToString(job->state))}];
+    const std::string owner = by_owner ? job->owner : "";
+    store::TypeStateCount& c =
+        counts[{job->spec.type, std::string(job::ToString(job->state)), owner}];
     c.type = job->spec.type;
     c.state = job->state;
+    c.owner = owner;
     ++c.count;
   }
   std::vector<store::TypeStateCount> out;
@@ -198,7 +204,7 @@ absl::StatusOr<int64_t> FakeJobStore::CountActive() {
 absl::StatusOr<std::vector<store::TypeStateCount>> FakeJobStore::CountActiveByTypeAndState() {
   absl::MutexLock l(&mu_);
   if (absl::Status s = BeginCall(); !s.ok()) return s;
-  return CountByTypeState(BySeq(true));
+  return CountByTypeState(BySeq(true), /*by_owner=*/true);
 }
 
 absl::StatusOr<std::vector<store::JobRef>> FakeJobStore::GetRefs(

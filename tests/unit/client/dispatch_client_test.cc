@@ -349,7 +349,7 @@ TEST(DispatchctlNoDaemonTest, BashCompletionCompletesSubcommandsAndFlags) {
   ASSERT_EQ(p.Wait(absl::Seconds(10)), 0) << p.err();
   EXPECT_EQ(p.out(),
             "status stats\n"
-            "submit status stats set-rate-limit\n"
+            "submit status stats set-rate-limit set-weight\n"
             "--rpm --rps\n"
             "--interval --iterations\n");
 }

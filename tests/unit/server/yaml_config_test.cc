@@ -245,6 +245,7 @@ tenants:
   - name: research
     principals: [alice, bob]
     weight: 3
+    max_active: 500
     max_running: 8
     min_running: 2
     rates:
@@ -258,6 +259,7 @@ tenants:
   EXPECT_EQ(t.name, "research");
   EXPECT_THAT(t.principals, ::testing::ElementsAre("alice", "bob"));
   EXPECT_EQ(t.weight, 3);
+  EXPECT_EQ(t.max_active, 500);
   EXPECT_EQ(t.max_running, 8);
   EXPECT_EQ(t.min_running, 2);
   ASSERT_EQ(t.rates.size(), 2u);
@@ -284,7 +286,7 @@ TEST(YamlConfigTest, RefusesBadTenantsNamingTheKey) {
       {"- {name: t, principals: [a], weight: 0}", "tenants[0].weight"},
       {"- {name: t, principals: [a], max_running: 0}", "tenants[0].max_running"},
       {"- {name: t, principals: [a], max_running: 2, min_running: 3}", "tenants[0].min_running"},
-      {"- {name: t, principals: [a], max_active: 5}", "tenants[0].max_active"},  // unknown
+      {"- {name: t, principals: [a], max_active: 0}", "tenants[0].max_active"},
       {"- {name: t, principals: [a], rates: [{model: nope, rps: 1}]}", "tenants[0].rates[0].model"},
       {"- {name: t, principals: [a], rates: [{model: echo}]}", "tenants[0].rates[0].rps"},
       {"- {name: t, principals: [a], rates: [{model: echo, rps: 1, rpm: 1}]}",

@@ -46,7 +46,7 @@ TEST(AuthorizeTest, EachRoleReachesItsServicesOnly) {
   EXPECT_EQ(Authorize(client, Method::kConnect).code(), absl::StatusCode::kPermissionDenied);
   EXPECT_EQ(Authorize(gateway, Method::kConnect).code(), absl::StatusCode::kPermissionDenied);
   for (Method m : {Method::kStats, Method::kListWorkers, Method::kSetRateLimit,
-                   Method::kDrainWorker, Method::kReload}) {
+                   Method::kDrainWorker, Method::kReload, Method::kSetTenantWeight}) {
     EXPECT_TRUE(Authorize(admin, m).ok()) << ToString(m);
     EXPECT_TRUE(Authorize(Principal::Local(), m).ok()) << ToString(m);
     for (const Principal* p : {&client, &gateway, &worker}) {

@@ -25,6 +25,35 @@ config::Config Limits(int64_t max_active, int max_depth) {
   return c;
 }
 
+TEST(AdmissionGateTest, TenantMaxActiveRefusesOnlyThatTenantsPrincipals) {
+  config::Config c = Limits(100, 100);
+  c.tenants.push_back({.name = "t", .principals = {"alice", "carol"}, .max_active = 2});
+  AdmissionGate gate(c);
+  absl::Duration retry;
+  ASSERT_TRUE(gate.TryAdmit("gen", "alice", &retry).ok());
+  ASSERT_TRUE(gate.TryAdmit("other", "carol", &retry).ok());
+  absl::Status third = gate.TryAdmit("gen", "alice", &retry);
+  EXPECT_EQ(third.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(third.message()),
+              StartsWith("tenants[t].max_active: 2 jobs active (limit 2)"));
+  EXPECT_GT(retry, absl::ZeroDuration());
+  // Another tenant, and the local caller, are not held back.
+  EXPECT_TRUE(gate.TryAdmit("gen", "bob", &retry).ok());
+  EXPECT_TRUE(gate.TryAdmit("gen", &retry).ok());
+  // A reservation given back makes room; a counted one holds it until the dispatcher publishes.
+  gate.Release("gen", "alice");
+  ASSERT_TRUE(gate.TryAdmit("gen", "alice", &retry).ok());
+  gate.Counted("gen", "alice");
+  gate.Counted("other", "carol");
+  EXPECT_FALSE(gate.TryAdmit("gen", "alice", &retry).ok());
+  gate.PublishTenants({{"t", 1}});
+  EXPECT_TRUE(gate.TryAdmit("gen", "alice", &retry).ok());
+  // A standby's counts come per owner.
+  gate.PublishOwners({{"alice", 1}, {"carol", 1}, {"bob", 50}});
+  EXPECT_FALSE(gate.TryAdmit("gen", "carol", &retry).ok());  // 2 active + 1 reserved
+  EXPECT_THAT(gate.LimitedTenants(), ::testing::ElementsAre("t"));
+}
+
 TEST(AdmissionGateTest, MaxQueueDepthRefusesOnlyThatType) {
   AdmissionGate gate(Limits(100, 2));
   absl::Duration retry;

@@ -7,8 +7,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+
 #include "lib/sched/scheduler.h"
 
 namespace dispatchd::sched {
@@ -183,6 +185,69 @@ TEST(ModelAffinityTest, WorkersFreedTogetherLoadDifferentDeepModels) {
   ASSERT_THAT(d, SizeIs(1));
   EXPECT_EQ(d[0].worker_id, "w0");
   EXPECT_EQ(d[0].model, "m3");
+}
+
+// Two workers with VRAM for one model each; client A's backlog of 20 jobs of ma and 60 of mb,
+// client B's one job of mc a second later. Jobs take 1 s, a load 5 s. The lower bound on loads is
+// one per model plus one for the swap the bounded wait forces: mc's job waits past
+// max_affinity_wait (5 s) and B has been served less than A, so a worker leaves its model for it
+// and that model's leftovers need a second load.
+TEST(ModelAffinityTest, TwoFreeWorkersThreeModelsOneForcedSwapStrandNoModel) {
+  config::Config c;
+  for (const char* m : {"a", "b", "c"}) {
+    c.types.push_back({.name = m,
+                       .model = absl::StrCat("m", m),
+                       .vram_gb = 20,
+                       .max_affinity_wait = absl::Seconds(5)});
+  }
+  Scheduler s(c, kT0);
+  for (const char* w : {"gpu0", "gpu1"}) {
+    s.AddWorker({.id = w, .types = {"a", "b", "c"}, .slots = 1, .vram_gb = 24});
+  }
+  for (int i = 0; i < 80; ++i) {
+    s.Enqueue({.id = absl::StrCat("A", i),
+               .type = i < 20 ? "a" : "b",
+               .fairness_key = "A",
+               .arrival = kT0 + absl::Microseconds(i)});
+  }
+  std::map<std::string, absl::Time> running;  // id -> end
+  absl::Time now = kT0, c_arrival = kT0 + absl::Seconds(1);
+  absl::Duration c_wait = absl::ZeroDuration();
+  bool c_queued = false;
+  std::vector<std::string> loaded;  // model@worker, in order
+  for (; now < kT0 + absl::Minutes(10); now += absl::Milliseconds(100)) {
+    if (!c_queued && now >= c_arrival) {
+      s.Enqueue({.id = "B0", .type = "c", .fairness_key = "B", .arrival = now});
+      c_queued = true;
+    }
+    for (auto it = running.begin(); it != running.end();) {
+      if (it->second <= now) {
+        s.Finished(it->first, now, absl::Seconds(1));
+        it = running.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    for (const Dispatch& d : s.Decide(now)) {
+      if (d.job_id == "B0") c_wait = now - c_arrival;
+      if (d.loads_model) loaded.push_back(absl::StrCat(d.model, "@", d.worker_id));
+      running[d.job_id] =
+          now + absl::Seconds(1) + (d.loads_model ? absl::Seconds(5) : absl::ZeroDuration());
+    }
+    if (c_queued && s.pending_count() == 0 && running.empty()) break;
+  }
+  int64_t loads = 0;
+  for (const WorkerView& w : s.Workers()) loads += w.model_loads;
+  // gpu0 takes the deepest queue (mb), gpu1 the model no one holds (ma); gpu0 is made to leave mb
+  // for mc, and afterwards reloads mb, which then no worker holds (a second worker on ma would
+  // leave mb's 50-odd jobs stranded and cost a load of mb later). The lower bound is 4: one load
+  // per model and one for the forced swap. The fifth is gpu1 joining mb once ma is done, rather
+  // than idling: a load for time, not a wasted one. Without the rule, 6.
+  EXPECT_THAT(loaded, ElementsAre("mb@gpu0", "ma@gpu1", "mc@gpu0", "mb@gpu0", "mb@gpu1"));
+  EXPECT_LE(loads, 4 + 1);
+  // The forced swap came within the bound: max_affinity_wait, plus a job and a load.
+  EXPECT_GT(c_wait, absl::Seconds(5));
+  EXPECT_LE(c_wait, absl::Seconds(5 + 1 + 5) + absl::Milliseconds(100));
 }
 
 // Four models, 250 jobs each, interleaved as many users would submit them; two workers with VRAM
