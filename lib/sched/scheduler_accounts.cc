@@ -250,8 +250,9 @@ FairAccounts Scheduler::TakeAccounts(bool all) {
     t->changed = false;
   }
   for (auto& [id, k] : keys_) {
-    if (k->changed || all)
+    if (k->changed || all) {
       out.accounts.push_back({k->tenant->name, k->name, k->cost - k->in_service});
+    }
     k->changed = false;
   }
   costs_.TakeChanged(all, [&](const std::string& type, const std::string& resource, double cost) {
