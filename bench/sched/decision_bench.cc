@@ -14,6 +14,7 @@
 // See README.md for how to run it and the numbers measured.
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -233,25 +234,31 @@ void BM_FinishEnqueueDecide_Tenants(benchmark::State& state) {
 
 // The same loop, timing Decide(now, 1) alone. PauseTiming/ResumeTiming cost time of their own
 // (clock reads), part of which lands in the measured interval.
-void BM_DecideOnly(benchmark::State& state) {
+void DecideOnly(benchmark::State& state, Layout layout, int keys = kKeys, int tenants = 0) {
   const int64_t n = state.range(0);
-  Fixture& f = FixtureFor(n, Layout::kTwoTiers);
+  Fixture& f = FixtureFor(n, layout, keys, tenants);
   if (!CheckSetup(state, f, n)) return;
   for (auto _ : state) {
-    state.PauseTiming();
     f.FinishOneAndRefill();
-    state.ResumeTiming();
+    const auto start = std::chrono::steady_clock::now();
     std::vector<Dispatch> out = f.scheduler.Decide(f.now, 1);
-    state.PauseTiming();
+    state.SetIterationTime(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     if (out.size() != 1) {
       state.SkipWithError(absl::StrCat("Decide placed ", out.size(), " jobs, want 1").c_str());
       break;
     }
     f.placed.push_back(std::move(out.front().job_id));
     f.now += kTick;
-    state.ResumeTiming();
   }
   SetCounters(state, f);
+}
+
+void BM_DecideOnly(benchmark::State& state) { DecideOnly(state, Layout::kTwoTiers); }
+// Arguments: backlog, tenants, keys.
+void BM_DecideOnly_Tenants(benchmark::State& state) {
+  DecideOnly(state, Layout::kOneTier, static_cast<int>(state.range(2)),
+             static_cast<int>(state.range(1)));
 }
 
 BENCHMARK(BM_FinishEnqueueDecide)
@@ -265,6 +272,7 @@ BENCHMARK(BM_DecideOnly)
     ->Arg(10'000)
     ->Arg(100'000)
     ->Arg(1'000'000)
+    ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_FinishEnqueueDecide_OneTier)
     ->Arg(1'000)
@@ -278,6 +286,13 @@ BENCHMARK(BM_FinishEnqueueDecide_Tenants)
     ->Args({1'000'000, 1'000, 100'000})
     ->Args({1'000'000, 10'000, 10'000})
     ->Args({1'000'000, 10'000, 100'000})
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_DecideOnly_Tenants)
+    ->Args({100'000, 10'000, 100'000})
+    ->Args({1'000'000, 1'000, 100'000})
+    ->Args({1'000'000, 10'000, 10'000})
+    ->Args({1'000'000, 10'000, 100'000})
+    ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 
 }  // namespace

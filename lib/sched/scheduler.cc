@@ -320,14 +320,17 @@ void Scheduler::AddToLane(Job& j) {
   if (j.conflict.empty()) {
     ReadyInsert(lane, j);
   } else {
-    lane.by_conflict.insert({j.conflict, j.ord, &j});
-    ++conflicts_pending_[j.conflict][&lane];
+    ConflictLanes& pending = conflicts_pending_[j.conflict];
+    if (pending.id == 0) pending.id = next_conflict_id_++;
+    j.conflict_id = pending.id;
+    ++pending.lanes[&lane];
+    lane.by_conflict.insert({j.conflict_id, j.ord, &j});
     if (!conflicts_running_.contains(j.conflict)) {
       // Only the head of each resource is ready: j replaces the old head if it arrived earlier.
-      auto head = lane.by_conflict.lower_bound({j.conflict, Ord::Min(), nullptr});
+      auto head = lane.by_conflict.lower_bound({j.conflict_id, Ord::Min(), nullptr});
       if (std::get<2>(*head) == &j) {
         auto next = std::next(head);
-        if (next != lane.by_conflict.end() && std::get<0>(*next) == j.conflict &&
+        if (next != lane.by_conflict.end() && std::get<0>(*next) == j.conflict_id &&
             std::get<2>(*next)->in_ready) {
           ReadyErase(lane, *std::get<2>(*next));
         }
@@ -345,13 +348,13 @@ void Scheduler::RemoveFromLane(Job& j) {
   } else {
     bool was_ready = j.in_ready;
     if (was_ready) ReadyErase(lane, j);
-    lane.by_conflict.erase({j.conflict, j.ord, &j});
+    lane.by_conflict.erase({j.conflict_id, j.ord, &j});
     auto pending = conflicts_pending_.find(j.conflict);
-    if (--pending->second[&lane] == 0) pending->second.erase(&lane);
-    if (pending->second.empty()) conflicts_pending_.erase(pending);
+    if (--pending->second.lanes[&lane] == 0) pending->second.lanes.erase(&lane);
+    if (pending->second.lanes.empty()) conflicts_pending_.erase(pending);
     if (was_ready) {
-      auto head = lane.by_conflict.lower_bound({j.conflict, Ord::Min(), nullptr});
-      if (head != lane.by_conflict.end() && std::get<0>(*head) == j.conflict) {
+      auto head = lane.by_conflict.lower_bound({j.conflict_id, Ord::Min(), nullptr});
+      if (head != lane.by_conflict.end() && std::get<0>(*head) == j.conflict_id) {
         ReadyInsert(lane, *std::get<2>(*head));
       }
     }
@@ -381,6 +384,7 @@ void Scheduler::RefileLane(Lane& lane) {
   // order in the tier while any of its lanes there has a ready job.
   TierState& tier = *g.type->tier;
   TierKey& tk = TierKeyFor(*lane.key, tier);
+  const bool was_oldest = lane.filed && lane.aged_head == g.oldest;
   if (lane.filed) {
     g.by_age.erase({lane.aged_head, &lane});
     tk.heads.erase({lane.aged_head, &lane});
@@ -402,47 +406,46 @@ void Scheduler::RefileLane(Lane& lane) {
     g.by_age.insert({lane.aged_head, &lane});
     tk.heads.insert({lane.aged_head, &lane});
   }
+  if (was_oldest) {
+    g.oldest = g.by_age.empty() ? Ord::Max() : g.by_age.begin()->first;
+  } else if (ready && lane.aged_head < g.oldest) {
+    g.oldest = lane.aged_head;
+  }
   SyncKey(tier, *lane.key, tk);
 }
 
 Scheduler::Job* Scheduler::BestJob(TierState& tier, const GroupMask& groups, absl::Time now,
                                    bool floor_only) {
-  // Tenants in (rank, cost) order, then their keys in cost order: the first with a ready job in
-  // one of `groups` wins, except that tenants (and keys) of the very same place are compared by
-  // their jobs' arrival, as the order says. Each order breaks ties by the oldest ready head, so
-  // the walk stops at an equal place whose oldest head is younger than the best job found. A
-  // tenant or key with no ready lane in `groups` is passed over in one mask test.
-  Job* best = nullptr;
-  std::pair<int, double> best_place;
+  // Tenants in (rank, cost, oldest ready head) order: the first with a ready job in one of
+  // `groups` wins, so that tenants of equal cost go by their oldest job whether or not this
+  // worker can run it (comparing the matching jobs of every tenant at one cost meant walking
+  // them all). Inside the tenant, keys in cost order, and among keys of equal cost the oldest
+  // matching job: each key order breaks ties by the oldest ready head, so that walk stops at an
+  // equal key whose oldest head is younger than the match. A tenant or key with no ready lane
+  // in `groups` is passed over in one mask test.
   for (const auto& [rank, tenant_cost, tenant_head, tt] : tier.tenants) {
     if (floor_only && rank > 0) break;
-    if (best != nullptr &&
-        (std::make_pair(rank, tenant_cost) > best_place || !(tenant_head < best->ord))) {
-      break;
-    }
     const TenantState& tenant = *tt->tenant;
     if (!Intersects(tt->groups, groups) || tenant.capped()) continue;
-    Job* in_tenant = nullptr;
-    double in_cost = 0;
+    Job* best = nullptr;
+    double best_cost = 0;
     for (const auto& [cost, key_head, tk] : tt->keys) {
-      if (in_tenant != nullptr && (cost > in_cost || !(key_head < in_tenant->ord))) break;
+      if (best != nullptr && (cost > best_cost || !(key_head < best->ord))) break;
       if (!Intersects(tk->groups, groups)) continue;
       // The key's lanes, oldest head first: the first that matches is the key's best.
       for (const auto& [head, lane] : tk->heads) {
-        if (in_tenant != nullptr && !(head < in_tenant->ord)) break;
+        if (best != nullptr && !(head < best->ord)) break;
         if (!TestBit(groups, lane->group->index)) continue;
         if (!tenant.buckets.empty() && !TenantOpen(tenant, *lane->group->type, now)) continue;
-        in_tenant = lane->ready.begin()->second;
-        in_cost = cost;
+        best = lane->ready.begin()->second;
+        best_cost = cost;
         break;
       }
     }
-    if (in_tenant != nullptr && (best == nullptr || in_tenant->ord < best->ord)) {
-      best = in_tenant;
-      best_place = {rank, tenant_cost};
-    }
+    // A tenant whose matching lanes are all held by its own rate limit is passed over.
+    if (best != nullptr) return best;
   }
-  return best;
+  return nullptr;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -575,6 +578,16 @@ bool Scheduler::Resident(const WorkerState& w, const ModelState* model) const {
   return model == nullptr || w.resident.contains(const_cast<ModelState*>(model));
 }
 
+bool Scheduler::HeldElsewhere(const WorkerState& w, const Group& g) const {
+  for (const auto& [rank, other] : by_rank_) {
+    if (other != &w && !other->draining && Resident(*other, g.type->model) &&
+        ServesAndMatches(*other, g)) {
+      return true;
+    }
+  }
+  return false;
+}
+
 bool Scheduler::Fits(const WorkerState& w, const ModelState* model) const {
   if (model == nullptr || w.spec.vram_gb < 0) return true;
   if (w.resident.contains(const_cast<ModelState*>(model))) return true;
@@ -584,7 +597,7 @@ bool Scheduler::Fits(const WorkerState& w, const ModelState* model) const {
 bool Scheduler::Starved(const Group& g, absl::Time now) const {
   const ModelState* m = g.type->model;
   if (m == nullptr || g.by_age.empty()) return false;
-  return now - g.by_age.begin()->first.arrival > g.type->cfg.max_affinity_wait;
+  return now - g.oldest.arrival > g.type->cfg.max_affinity_wait;
 }
 
 bool Scheduler::GroupOpen(const Group& g, absl::Time now) const {
@@ -717,12 +730,17 @@ Scheduler::Choice Scheduler::ChooseFor(WorkerState& w, absl::Time now) {
           any_resident = true;
           continue;
         }
-        // Of the overdue lanes (the front of by_age), the one owed most service.
-        for (const auto& [head, lane] : g->by_age) {
-          if (now - head.arrival <= t->cfg.max_affinity_wait) break;
-          if (!TenantOpen(*lane->key->tenant, *t, now)) continue;
-          Job* j = lane->ready.begin()->second;
-          if (starved == nullptr || Before(*j, *starved)) starved = j;
+        // Of the overdue lanes (the front of by_age), the one owed most service. The group's
+        // oldest head, kept beside by_age, says whether there are any without a walk. A model
+        // another worker holds and serves is not starved: its queue moves, and whether it is
+        // deep enough to repay a second load is the load choice's question.
+        if (Starved(*g, now) && !HeldElsewhere(w, *g)) {
+          for (const auto& [head, lane] : g->by_age) {
+            if (now - head.arrival <= t->cfg.max_affinity_wait) break;
+            if (!TenantOpen(*lane->key->tenant, *t, now)) continue;
+            Job* j = lane->ready.begin()->second;
+            if (starved == nullptr || Before(*j, *starved)) starved = j;
+          }
         }
         if (!Fits(w, t->model)) continue;
         g->fit = Fit::kLoad;
@@ -769,33 +787,49 @@ Scheduler::Choice Scheduler::ChooseFor(WorkerState& w, absl::Time now) {
       // (and strands the unserved model's jobs until a worker is free for it). Among those, or
       // if every model is held, the deepest queue, counting each queue per worker that has the
       // model loaded, so that two workers freed at once load two different deep models. Ties
-      // go by order.
+      // go by order. A model other workers hold is joined only if their slots alone would take
+      // longer than its max_affinity_wait to run its queue: a shorter queue does not repay a
+      // load, and a job it leaves waiting past that bound is taken as an overdue one.
       struct Counted {
         LoadCandidate c;
-        int64_t serving;
+        int64_t per_worker;  // queue per worker holding the model, this one included
+        int64_t holders = 0;
+        int64_t holder_slots = 0;
       };
       std::vector<Counted> counted;
       for (const LoadCandidate& c : loads) {
-        int64_t serving = 1;
-        for (const auto& [rank, other] : by_rank_) serving += other != &w && Resident(*other, c.model);
-        counted.push_back({{c.model, c.depth / serving}, serving});
+        Counted n{c, 0};
+        for (const auto& [rank, other] : by_rank_) {
+          if (other == &w || !Resident(*other, c.model)) continue;
+          ++n.holders;
+          n.holder_slots += other->capacity;
+        }
+        n.per_worker = c.depth / (n.holders + 1);
+        counted.push_back(n);
       }
       for (const bool unserved_only : {true, false}) {
         int64_t depth = 0;
-        for (const auto& [c, serving] : counted) {
-          if ((unserved_only && serving > 1) || c.depth < depth) continue;
+        for (const Counted& n : counted) {
+          if ((unserved_only && n.holders > 0) || n.per_worker < depth) continue;
           GroupMask of_model;
           for (TypeState* t : tier->types) {
-            if (t->model != c.model) continue;
+            if (t->model != n.c.model) continue;
             for (auto& g : t->groups) {
               if (g->stamp == stamp_ && g->fit == Fit::kLoad) SetBit(of_model, g->index);
             }
           }
           Job* j = BestJob(*tier, of_model, now);
           if (j == nullptr) continue;
-          if (pick == nullptr || c.depth > depth || Before(*j, *pick)) {
+          if (n.holders > 0 && n.holder_slots > 0) {
+            const double each =
+                costs_.Estimate(j->type->name, j->resource, j->type->cfg.default_cost, now);
+            const double alone =
+                static_cast<double>(n.c.depth) * each / static_cast<double>(n.holder_slots);
+            if (alone <= absl::ToDoubleSeconds(j->type->cfg.max_affinity_wait)) continue;
+          }
+          if (pick == nullptr || n.per_worker > depth || Before(*j, *pick)) {
             pick = j;
-            depth = c.depth;
+            depth = n.per_worker;
           }
         }
         if (pick != nullptr) break;
@@ -831,9 +865,12 @@ Scheduler::Choice Scheduler::ChooseFifo(WorkerState& w, absl::Time now) {
 
 void Scheduler::Place(Job& j, WorkerState* w, absl::Time now, bool loads_model) {
   TypeState& t = *j.type;
-  // Charge the key before refiling, so that the lane files at its new cost.
+  // Charge before the job leaves its lane, so that the key and the tenant refile once, at
+  // their new cost and their new oldest head together.
   Charge(j, now);
   RemoveFromLane(j);
+  RefileKey(*j.key);
+  RefileTenant(*j.key->tenant);
   --pending_count_;
   --t.queued;
   --t.tier->queued;
@@ -925,8 +962,9 @@ void Scheduler::Unplace(Job& j) {
 void Scheduler::SetConflictBusy(const std::string& conflict, bool busy) {
   auto it = conflicts_pending_.find(conflict);
   if (it == conflicts_pending_.end()) return;
-  for (const auto& [lane, n] : it->second) {
-    auto head = lane->by_conflict.lower_bound({conflict, Ord::Min(), nullptr});
+  const uint64_t id = it->second.id;
+  for (const auto& [lane, n] : it->second.lanes) {
+    auto head = lane->by_conflict.lower_bound({id, Ord::Min(), nullptr});
     Job& j = *std::get<2>(*head);
     if (busy && j.in_ready) ReadyErase(*lane, j);
     if (!busy && !j.in_ready) ReadyInsert(*lane, j);
@@ -955,6 +993,8 @@ void Scheduler::Adopt(const PlacedJob& p) {
   jobs_.emplace(j.id, std::move(owned));
   if (j.key->placed == 0 && j.key->pending == 0) ActivateKey(*j.key);
   Charge(j, last_now_);
+  RefileKey(*j.key);
+  RefileTenant(*j.key->tenant);
   Occupy(j, p.worker_id);
   if (auto w = workers_.find(p.worker_id); w != workers_.end()) Attach(j, *w->second);
 }

@@ -11,7 +11,9 @@
 #include "absl/container/btree_set.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/time/time.h"
+
 #include "lib/config/config.h"
 #include "lib/job/job.h"
 #include "lib/sched/cost_estimator.h"
@@ -374,6 +376,7 @@ class Scheduler {
     absl::Time arrival;
     uint64_t seq;
     static Ord Min() { return {absl::InfinitePast(), 0}; }
+    static Ord Max() { return {absl::InfiniteFuture(), UINT64_MAX}; }
     friend bool operator<(const Ord& a, const Ord& b) {
       return a.arrival < b.arrival || (a.arrival == b.arrival && a.seq < b.seq);
     }
@@ -411,10 +414,10 @@ class Scheduler {
   // takes it out when it has no ready lane there; then the tenant likewise in the tier's order.
   void SyncKey(TierState& tier, KeyState& key, TierKey& tk);
   void SyncTenant(TierState& tier, TenantState& tenant, TierTenant& tt);
-  // The first job in (tenant rank, tenant cost, key cost, arrival) order among the groups of
-  // `tier` in `groups` (a GroupMask) whose tenant may run it now; only tenants below their floor
-  // if `floor_only`. Null if none.
-  Job* BestJob(TierState& tier, const std::vector<uint64_t>& groups, absl::Time now,
+  // The first job among the groups of `tier` in `groups` (a GroupMask) whose tenant may run it
+  // now, in the order (tenant rank, tenant cost, tenant's oldest ready job), then (key cost,
+  // arrival) inside the tenant; only tenants below their floor if `floor_only`. Null if none.
+  Job* BestJob(TierState& tier, const absl::InlinedVector<uint64_t, 2>& groups, absl::Time now,
                bool floor_only = false);
   // True if `a` comes before `b` in that order; with `strict_cost`, only if its tenant's or its
   // key's cost is lower (arrival does not count).
@@ -432,7 +435,7 @@ class Scheduler {
 
   // Placement bookkeeping.
   void Place(Job& job, WorkerState* worker, absl::Time now, bool loads_model);
-  // Charges the job's estimated cost to its key and its tenant.
+  // Charges the job's estimated cost to its key and its tenant; the caller refiles them.
   void Charge(Job& job, absl::Time now);
   // Corrects the charge of a job that ends to what it used, in seconds (0: a full refund).
   void Settle(Job& job, double used);
@@ -445,6 +448,8 @@ class Scheduler {
   void SetConflictBusy(const std::string& conflict, bool busy);
   void UpdateAvailable(WorkerState& w);
   bool ServesAndMatches(const WorkerState& w, const Group& g) const;
+  // True if a worker other than `w`, not draining, has the group's model loaded and serves it.
+  bool HeldElsewhere(const WorkerState& w, const Group& g) const;
   bool Fits(const WorkerState& w, const ModelState* model) const;
   bool Resident(const WorkerState& w, const ModelState* model) const;
   bool Starved(const Group& g, absl::Time now) const;
@@ -496,10 +501,17 @@ class Scheduler {
   std::set<std::pair<int64_t, WorkerState*>> by_rank_;
   // Running jobs per "group\x1fresource" conflict key.
   absl::flat_hash_map<std::string, int> conflicts_running_;
-  // Lanes holding pending jobs of a conflict key, with how many.
-  absl::flat_hash_map<std::string, absl::flat_hash_map<Lane*, int>> conflicts_pending_;
+  // Lanes holding pending jobs of a conflict key, with how many, and the number that stands for
+  // the key in those lanes' by_conflict orders while it has pending jobs (so that they compare
+  // integers, not strings).
+  struct ConflictLanes {
+    uint64_t id = 0;
+    absl::flat_hash_map<Lane*, int> lanes;
+  };
+  absl::flat_hash_map<std::string, ConflictLanes> conflicts_pending_;
+  uint64_t next_conflict_id_ = 1;
   absl::btree_set<std::pair<absl::Time, Job*>> delayed_;  // by not_before
-  std::multiset<double> start_tags_;                      // of jobs in service
+  absl::btree_multiset<double> start_tags_;               // of jobs in service
   double last_virtual_time_ = 0;
   CostEstimator costs_;
   uint64_t next_seq_ = 0;

@@ -96,17 +96,19 @@ void Scheduler::SyncKey(TierState& tier, KeyState& key, TierKey& tk) {
   TenantState& tenant = *key.tenant;
   TierTenant& tt = TierTenantFor(tenant, tier);
   const bool ready = !tk.heads.empty();
+  const Ord head = ready ? tk.heads.begin()->first : Ord{};
+  const bool same_head = tk.filed && ready && tk.filed_head == head;
+  if (same_head && tk.filed_cost == key.cost) return;
   if (tk.filed) {
-    if (ready && tk.filed_cost == key.cost && tk.filed_head == tk.heads.begin()->first) return;
     tt.keys.erase({tk.filed_cost, tk.filed_head, &tk});
-    tt.heads.erase({tk.filed_head, &key});
+    if (!same_head) tt.heads.erase({tk.filed_head, &key});
   }
   tk.filed = ready;
   if (ready) {
     tk.filed_cost = key.cost;
-    tk.filed_head = tk.heads.begin()->first;
+    tk.filed_head = head;
     tt.keys.insert({tk.filed_cost, tk.filed_head, &tk});
-    tt.heads.insert({tk.filed_head, &key});
+    if (!same_head) tt.heads.insert({tk.filed_head, &key});
   }
   SyncTenant(tier, tenant, tt);
 }
@@ -213,8 +215,6 @@ void Scheduler::Charge(Job& j, absl::Time now) {
   tenant.in_service += j.tenant_charged;
   key.cost += j.charged;
   key.in_service += j.charged;
-  RefileKey(key);
-  RefileTenant(tenant);
   start_tags_.insert(j.start_tag);
   last_virtual_time_ = *start_tags_.begin();
   tenant.key_tags.insert(j.key_tag);

@@ -16,6 +16,7 @@
 #include "absl/container/btree_set.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 
@@ -27,7 +28,7 @@ namespace dispatchd::sched {
 
 // A set of groups, by Group::index: which groups a key or tenant has ready lanes in, and which
 // the worker being decided for can take, so that a walk skips what cannot match in one AND.
-using GroupMask = std::vector<uint64_t>;
+using GroupMask = absl::InlinedVector<uint64_t, 2>;
 inline void SetBit(GroupMask& m, size_t i) {
   if (m.size() <= i / 64) m.resize(i / 64 + 1, 0);
   m[i / 64] |= uint64_t{1} << (i % 64);
@@ -64,7 +65,7 @@ struct Scheduler::TierState {
   // cost, its oldest ready head in the tier): among equal places the oldest job goes first, and
   // a walk in this order can stop at the first place whose oldest head is younger than the best
   // job found.
-  std::set<std::tuple<int, double, Ord, TierTenant*>> tenants;
+  absl::btree_set<std::tuple<int, double, Ord, TierTenant*>> tenants;
 };
 
 struct Scheduler::ModelState {
@@ -99,6 +100,7 @@ struct Scheduler::Group {
   std::string signature;
   absl::flat_hash_map<KeyState*, std::unique_ptr<Lane>> lanes;
   absl::btree_set<std::pair<Ord, Lane*>> by_age;  // lanes with a ready job, by their head's arrival
+  Ord oldest = Ord::Max();                        // by_age's first head, kept beside it
   int64_t ready = 0;                              // ready jobs in all lanes
   // What the worker being decided for can do with this group (valid while stamp matches).
   uint64_t stamp = 0;
@@ -109,8 +111,8 @@ struct Scheduler::Lane {
   Group* group = nullptr;
   KeyState* key = nullptr;
   absl::btree_set<std::pair<Ord, Job*>> ready;
-  // Conflict types only: every pending job of the lane by (conflict key, arrival).
-  absl::btree_set<std::tuple<absl::string_view, Ord, Job*>> by_conflict;
+  // Conflict types only: every pending job of the lane by (conflict key's id, arrival).
+  absl::btree_set<std::tuple<uint64_t, Ord, Job*>> by_conflict;
   int64_t pending = 0;
   bool filed = false;  // has a ready job: in its group's by_age and counted in its TierKey
   Ord aged_head{};
@@ -120,7 +122,7 @@ struct Scheduler::Lane {
 struct Scheduler::TierTenant {
   TenantState* tenant = nullptr;
   // Its keys with a ready job in the tier, by (accumulated cost, oldest ready head there).
-  std::set<std::tuple<double, Ord, TierKey*>> keys;
+  absl::btree_set<std::tuple<double, Ord, TierKey*>> keys;
   // Ready lanes of its keys per group, and the groups where that is not 0.
   std::vector<int32_t> ready_by_group;
   GroupMask groups;
@@ -149,7 +151,7 @@ struct Scheduler::TenantState {
   int64_t active_keys = 0;  // of them, those with a job pending or placed
   absl::Time idle_since = absl::InfinitePast();
   // Key-level start tags of its jobs in service: its keys' virtual time.
-  std::multiset<double> key_tags;
+  absl::btree_multiset<double> key_tags;
   double last_key_time = 0;
   // Its own buckets, by rate key (`tenants[i].rates`).
   absl::flat_hash_map<std::string, std::unique_ptr<TokenBucket>> buckets;
@@ -196,6 +198,7 @@ struct Scheduler::Job {
   TypeState* type = nullptr;
   std::string resource;
   std::string conflict;  // "group\x1fresource", or empty when it conflicts with nothing
+  uint64_t conflict_id = 0;  // while in a lane: ConflictLanes::id of `conflict`
   KeyState* key = nullptr;
   job::Labels labels;
   Ord ord{};
