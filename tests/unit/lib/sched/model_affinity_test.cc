@@ -189,34 +189,40 @@ TEST(ModelAffinityTest, WorkersFreedTogetherLoadDifferentDeepModels) {
   EXPECT_EQ(d[0].model, "m3");
 }
 
-// Two workers with VRAM for one model each; client A's backlog of 20 jobs of ma and 60 of mb,
-// client B's one job of mc a second later. Jobs take 1 s, a load 5 s. The lower bound on loads is
-// one per model plus one for the swap the bounded wait forces: mc's job waits past
+// Two workers with VRAM for one model each; client A's backlog of 20 jobs of model ma and 60 of
+// mb, client B's one job of mc a second later. Jobs take 1 s, a load 5 s. The lower bound on
+// loads is one per model plus one for the swap the bounded wait forces: mc's job waits past its
 // max_affinity_wait (5 s) and B has been served less than A, so a worker leaves its model for it
-// and that model's leftovers need a second load.
-TEST(ModelAffinityTest, TwoFreeWorkersThreeModelsOneForcedSwapStrandNoModel) {
+// and that model's leftovers need a second load. `ab_wait` is max_affinity_wait of ma and mb.
+struct ThreeModelsRun {
+  std::vector<std::string> loaded;  // model@worker, in order
+  int64_t loads = 0;
+  absl::Duration c_wait;
+};
+
+ThreeModelsRun RunThreeModels(absl::Duration ab_wait) {
+  const int ma = 20, mb = 60;
   config::Config c;
   for (const char* m : {"a", "b", "c"}) {
     c.types.push_back({.name = m,
                        .model = absl::StrCat("m", m),
                        .vram_gb = 20,
-                       .max_affinity_wait = absl::Seconds(5)});
+                       .max_affinity_wait = m[0] == 'c' ? absl::Seconds(5) : ab_wait});
   }
   Scheduler s(c, kT0);
   for (const char* w : {"gpu0", "gpu1"}) {
     s.AddWorker({.id = w, .types = {"a", "b", "c"}, .slots = 1, .vram_gb = 24});
   }
-  for (int i = 0; i < 80; ++i) {
+  for (int i = 0; i < ma + mb; ++i) {
     s.Enqueue({.id = absl::StrCat("A", i),
-               .type = i < 20 ? "a" : "b",
+               .type = i < ma ? "a" : "b",
                .fairness_key = "A",
                .arrival = kT0 + absl::Microseconds(i)});
   }
+  ThreeModelsRun out;
   std::map<std::string, absl::Time> running;  // id -> end
   absl::Time now = kT0, c_arrival = kT0 + absl::Seconds(1);
-  absl::Duration c_wait = absl::ZeroDuration();
   bool c_queued = false;
-  std::vector<std::string> loaded;  // model@worker, in order
   for (; now < kT0 + absl::Minutes(10); now += absl::Milliseconds(100)) {
     if (!c_queued && now >= c_arrival) {
       s.Enqueue({.id = "B0", .type = "c", .fairness_key = "B", .arrival = now});
@@ -231,25 +237,39 @@ TEST(ModelAffinityTest, TwoFreeWorkersThreeModelsOneForcedSwapStrandNoModel) {
       }
     }
     for (const Dispatch& d : s.Decide(now)) {
-      if (d.job_id == "B0") c_wait = now - c_arrival;
-      if (d.loads_model) loaded.push_back(absl::StrCat(d.model, "@", d.worker_id));
+      if (d.job_id == "B0") out.c_wait = now - c_arrival;
+      if (d.loads_model) out.loaded.push_back(absl::StrCat(d.model, "@", d.worker_id));
       running[d.job_id] =
           now + absl::Seconds(1) + (d.loads_model ? absl::Seconds(5) : absl::ZeroDuration());
     }
     if (c_queued && s.pending_count() == 0 && running.empty()) break;
   }
-  int64_t loads = 0;
-  for (const WorkerView& w : s.Workers()) loads += w.model_loads;
+  for (const WorkerView& w : s.Workers()) out.loads += w.model_loads;
+  return out;
+}
+
+TEST(ModelAffinityTest, TwoFreeWorkersThreeModelsOneForcedSwapLoadTheLowerBound) {
+  ThreeModelsRun r = RunThreeModels(absl::Minutes(1));
   // gpu0 takes the deepest queue (mb), gpu1 the model no one holds (ma); gpu0 is made to leave mb
-  // for mc, and afterwards reloads mb, which then no worker holds (a second worker on ma would
-  // leave mb's 50-odd jobs stranded and cost a load of mb later). The lower bound is 4: one load
-  // per model and one for the forced swap. The fifth is gpu1 joining mb once ma is done, rather
-  // than idling: a load for time, not a wasted one. Without the rule, 6.
-  EXPECT_THAT(loaded, ElementsAre("mb@gpu0", "ma@gpu1", "mc@gpu0", "mb@gpu0", "mb@gpu1"));
-  EXPECT_LE(loads, 4 + 1);
+  // for mc and then reloads mb, which no worker holds by then: a second worker on ma would leave
+  // mb's jobs stranded and cost a load of mb later. When gpu1 is done with ma, what is left of mb
+  // takes gpu0 alone about 40 s, within mb's max_affinity_wait (1 min), so gpu1 does not load it
+  // too. The lower bound is 4: one load per model and one for the forced swap.
+  EXPECT_THAT(r.loaded, ElementsAre("mb@gpu0", "ma@gpu1", "mc@gpu0", "mb@gpu0"));
+  EXPECT_EQ(r.loads, 4);
   // The forced swap came within the bound: max_affinity_wait, plus a job and a load.
-  EXPECT_GT(c_wait, absl::Seconds(5));
-  EXPECT_LE(c_wait, absl::Seconds(5 + 1 + 5) + absl::Milliseconds(100));
+  EXPECT_GT(r.c_wait, absl::Seconds(5));
+  EXPECT_LE(r.c_wait, absl::Seconds(5 + 1 + 5) + absl::Milliseconds(100));
+}
+
+TEST(ModelAffinityTest, AFreeWorkerJoinsAModelOnlyWhenItsHolderWouldTakeTooLong) {
+  ThreeModelsRun r = RunThreeModels(absl::Seconds(5));
+  // As above, but mb's max_affinity_wait is 5 s: when gpu1 is done with ma, gpu0 alone would need
+  // about 40 s for mb's rest, longer than that, so gpu1 loads mb as well: a load for time, the
+  // one above the lower bound of 4. Without the forced-swap and join rules, 6 loads.
+  EXPECT_THAT(r.loaded, ElementsAre("mb@gpu0", "ma@gpu1", "mc@gpu0", "mb@gpu0", "mb@gpu1"));
+  EXPECT_EQ(r.loads, 4 + 1);
+  EXPECT_LE(r.c_wait, absl::Seconds(5 + 1 + 5) + absl::Milliseconds(100));
 }
 
 // Four models, 250 jobs each, interleaved as many users would submit them; two workers with VRAM
