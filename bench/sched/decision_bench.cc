@@ -83,15 +83,22 @@ struct Fixture {
         scheduler(MakeConfig(layout), now),
         rng(42),
         tenants(tenant_count) {
-    // Fleet: each worker serves a fixed random subset of 25 types, no labels, 40 GB (4 models).
+    // Fleet: each worker serves a fixed random subset of 25 types, no labels, 40 GB, with 4 of
+    // the 10 models loaded (a warm fleet: a worker loads a model another worker holds only when
+    // the holders would take longer than max_affinity_wait, which is never here).
     std::vector<std::string> all;
     for (int i = 0; i < kTypes; ++i) all.push_back(TypeName(i));
+    std::vector<std::string> models;
+    for (int m = 0; m < kModels; ++m) models.push_back(absl::StrCat("m", m));
     for (int w = 0; w < kWorkers; ++w) {
       std::shuffle(all.begin(), all.end(), rng);
-      scheduler.AddWorker({.id = absl::StrFormat("w%03d", w),
+      std::shuffle(models.begin(), models.end(), rng);
+      const std::string id = absl::StrFormat("w%03d", w);
+      scheduler.AddWorker({.id = id,
                            .types = {all.begin(), all.begin() + kTypesPerWorker},
                            .slots = kSlots,
                            .vram_gb = 40});
+      scheduler.SetResidentModels(id, {models.begin(), models.begin() + 4});
     }
     // Fairness keys, Zipf-like (weight 1/(rank+1)): the top 20% of keys hold ~80% of the jobs.
     std::vector<double> weights;
