@@ -580,8 +580,8 @@ bool Scheduler::Resident(const WorkerState& w, const ModelState* model) const {
 
 bool Scheduler::HeldElsewhere(const WorkerState& w, const Group& g) const {
   for (const auto& [rank, other] : by_rank_) {
-    if (other != &w && !other->draining && Resident(*other, g.type->model) &&
-        ServesAndMatches(*other, g)) {
+    if (other != &w && !other->draining && !other->throttled &&
+        Resident(*other, g.type->model) && ServesAndMatches(*other, g)) {
       return true;
     }
   }
@@ -800,7 +800,9 @@ Scheduler::Choice Scheduler::ChooseFor(WorkerState& w, absl::Time now) {
       for (const LoadCandidate& c : loads) {
         Counted n{c, 0};
         for (const auto& [rank, other] : by_rank_) {
-          if (other == &w || !Resident(*other, c.model)) continue;
+          if (other == &w || other->draining || other->throttled || !Resident(*other, c.model)) {
+            continue;
+          }
           ++n.holders;
           n.holder_slots += other->capacity;
         }

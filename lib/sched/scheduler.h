@@ -448,7 +448,8 @@ class Scheduler {
   void SetConflictBusy(const std::string& conflict, bool busy);
   void UpdateAvailable(WorkerState& w);
   bool ServesAndMatches(const WorkerState& w, const Group& g) const;
-  // True if a worker other than `w`, not draining, has the group's model loaded and serves it.
+  // True if a worker other than `w`, neither draining nor throttled, has the group's model loaded
+  // and serves it.
   bool HeldElsewhere(const WorkerState& w, const Group& g) const;
   bool Fits(const WorkerState& w, const ModelState* model) const;
   bool Resident(const WorkerState& w, const ModelState* model) const;

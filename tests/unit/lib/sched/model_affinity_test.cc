@@ -272,6 +272,27 @@ TEST(ModelAffinityTest, AFreeWorkerJoinsAModelOnlyWhenItsHolderWouldTakeTooLong)
   EXPECT_LE(r.c_wait, absl::Seconds(5 + 1 + 5) + absl::Milliseconds(100));
 }
 
+// A worker that takes no jobs (throttled or draining) does not hold its model for the others: a
+// free worker loads it rather than wait for the throttled one.
+TEST(ModelAffinityTest, AThrottledHolderDoesNotKeepOthersFromItsModel) {
+  config::Config c;
+  c.types.push_back({.name = "a", .model = "ma", .vram_gb = 20});
+  Scheduler s(c, kT0);
+  s.AddWorker({.id = "gpu0", .types = {"a"}, .slots = 1, .vram_gb = 24});
+  for (int i = 0; i < 5; ++i) {
+    s.Enqueue({.id = absl::StrCat("a", i), .type = "a", .arrival = kT0 + absl::Microseconds(i)});
+  }
+  ASSERT_THAT(s.Decide(kT0), SizeIs(1));  // gpu0 loads ma
+  s.AddWorker({.id = "gpu1", .types = {"a"}, .slots = 1, .vram_gb = 24});
+  // Four jobs of 1 s are left, well within max_affinity_wait (30 s) for gpu0: gpu1 waits.
+  EXPECT_THAT(s.Decide(kT0 + absl::Milliseconds(1)), IsEmpty());
+  s.SetThrottled("gpu0", true);
+  std::vector<Dispatch> d = s.Decide(kT0 + absl::Milliseconds(2));
+  ASSERT_THAT(d, SizeIs(1));
+  EXPECT_EQ(d[0].worker_id, "gpu1");
+  EXPECT_TRUE(d[0].loads_model);
+}
+
 // Four models, 250 jobs each, interleaved as many users would submit them; two workers with VRAM
 // for one model each; jobs of 1 s. Affinity loads each model about once, where a plain FIFO
 // queue swaps on nearly every job.
