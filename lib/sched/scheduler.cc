@@ -580,8 +580,8 @@ bool Scheduler::Resident(const WorkerState& w, const ModelState* model) const {
 
 bool Scheduler::HeldElsewhere(const WorkerState& w, const Group& g) const {
   for (const auto& [rank, other] : by_rank_) {
-    if (other != &w && !other->draining && !other->throttled &&
-        Resident(*other, g.type->model) && ServesAndMatches(*other, g)) {
+    if (other != &w && !other->draining && !other->throttled && Resident(*other, g.type->model) &&
+        ServesAndMatches(*other, g)) {
       return true;
     }
   }
