@@ -62,9 +62,9 @@ struct Scheduler::TierState {
   int64_t running = 0;
   std::vector<TypeState*> types;
   // Tenants with a ready job in this tier, by (0 if below its floor else 1, weight-normalised
-  // cost, its oldest ready head in the tier): among equal places the oldest job goes first, and
-  // a walk in this order can stop at the first place whose oldest head is younger than the best
-  // job found.
+  // cost, its oldest ready head in the tier): among tenants of equal cost the one with the oldest
+  // ready job goes first, and a decision takes the first tenant in this order that has a job the
+  // freed worker can run.
   absl::btree_set<std::tuple<int, double, Ord, TierTenant*>> tenants;
 };
 
