@@ -289,21 +289,17 @@ BENCHMARK(BM_FinishEnqueueDecide_OneTier)
     ->Unit(benchmark::kMicrosecond);
 // Each of backlog, tenants and keys grown tenfold with the others held; tenants 0 (every job in
 // one tenant, as without authentication) is the flat reference for the same keys and backlog.
-BENCHMARK(BM_FinishEnqueueDecide_Tenants)
-    ->Args({100'000, 0, 100'000})
-    ->Args({100'000, 10'000, 100'000})
-    ->Args({1'000'000, 0, 100'000})
-    ->Args({1'000'000, 1'000, 100'000})
-    ->Args({1'000'000, 10'000, 10'000})
-    ->Args({1'000'000, 10'000, 100'000})
-    ->Unit(benchmark::kMicrosecond);
+void TenantArgs(benchmark::internal::Benchmark* b) {
+  b->Args({100'000, 0, 100'000})
+      ->Args({100'000, 10'000, 100'000})
+      ->Args({1'000'000, 0, 100'000})
+      ->Args({1'000'000, 1'000, 100'000})
+      ->Args({1'000'000, 10'000, 10'000})
+      ->Args({1'000'000, 10'000, 100'000});
+}
+BENCHMARK(BM_FinishEnqueueDecide_Tenants)->Apply(TenantArgs)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_DecideOnly_Tenants)
-    ->Args({100'000, 0, 100'000})
-    ->Args({100'000, 10'000, 100'000})
-    ->Args({1'000'000, 0, 100'000})
-    ->Args({1'000'000, 1'000, 100'000})
-    ->Args({1'000'000, 10'000, 10'000})
-    ->Args({1'000'000, 10'000, 100'000})
+    ->Apply(TenantArgs)
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 

@@ -122,22 +122,29 @@ class Bench:
                  {"name": "tb", "default_cost": default_costs[1]}]
         c = Cluster(self, name, policy, types, tenants,
                     {"alice": "client", "bob": "client", "gpu": "worker", "ops": "admin"})
+        rows = self.backlog_then_drain(c, [
+            ("alice", [{"type": "ta", "payload": d} for d in self.durations(jobs, f"{name}-a")]),
+            ("bob", [{"type": "tb", "payload": d} for d in self.durations(jobs, f"{name}-b")])],
+            ["ta", "tb"])
+        f = share_figures(rows, tenants, f"{name}-{policy}", self)
+        return {"share_A": f["shares"]["A"], "jain": f["jain"],
+                "max_diff_jobs": f["max_diff_jobs"], "max_diff_at_s": f["max_diff_at_s"],
+                "max_accrued_diff_jobs": f["max_accrued_diff_jobs"], "window_s": f["window_s"]}
+
+    def backlog_then_drain(self, c, backlog, types):
+        """Starts `c`, queues each (principal, specs) of `backlog` in order, then starts 2
+        workers x 8 slots of `types` and returns the rows once every job has ended."""
         try:
             c.start()
-            c.submit("alice", [{"type": "ta", "payload": d}
-                               for d in self.durations(jobs, f"{name}-a")])
-            c.submit("bob", [{"type": "tb", "payload": d}
-                             for d in self.durations(jobs, f"{name}-b")])
-            c.start_workers(2, ["ta", "tb"], 8, ["--sleep-payload"])
+            for principal, specs in backlog:
+                c.submit(principal, specs)
+            c.start_workers(2, types, 8, ["--sleep-payload"])
             c.wait_done(600)
             rows = c.rows()
         finally:
             c.stop()
         all_succeeded(rows)
-        f = share_figures(rows, tenants, f"{name}-{policy}", self)
-        return {"share_A": f["shares"]["A"], "jain": f["jain"],
-                "max_diff_jobs": f["max_diff_jobs"], "max_diff_at_s": f["max_diff_at_s"],
-                "max_accrued_diff_jobs": f["max_accrued_diff_jobs"], "window_s": f["window_s"]}
+        return rows
 
     def weights(self, policy):
         return self.two_tenants(policy, "weights", (3, 1), (0.11, 0.11))
@@ -152,20 +159,12 @@ class Bench:
         c = Cluster(self, f"keys{heavy_keys}", policy, [{"name": "gen", "default_cost": 0.11}],
                     tenants, {"front": "gateway", "lee": "client", "gpu": "worker",
                               "ops": "admin"})
-        try:
-            c.start()
-            heavy = self.durations(2000, "keys-h")
-            c.submit("front", [{"type": "gen", "payload": d,
-                                "fairness_key": f"user{i % heavy_keys}"}
-                               for i, d in enumerate(heavy)])
-            c.submit("lee", [{"type": "gen", "payload": d}
-                             for d in self.durations(1000, "keys-l")])
-            c.start_workers(2, ["gen"], 8, ["--sleep-payload"])
-            c.wait_done(600)
-            rows = c.rows()
-        finally:
-            c.stop()
-        all_succeeded(rows)
+        heavy = self.durations(2000, "keys-h")
+        rows = self.backlog_then_drain(c, [
+            ("front", [{"type": "gen", "payload": d, "fairness_key": f"user{i % heavy_keys}"}
+                       for i, d in enumerate(heavy)]),
+            ("lee", [{"type": "gen", "payload": d} for d in self.durations(1000, "keys-l")])],
+            ["gen"])
         f = share_figures(rows, tenants, f"keys{heavy_keys}-{policy}", self)
         return f, wait_p99(rows, "lee")
 
