@@ -109,6 +109,7 @@ Transition OnResult(AttemptState& s, const std::string& worker, int32_t attempt,
   } else {
     OweFailure(s, attempt, outcome.error, outcome.retryable, policy, /*from_result=*/true);
   }
+  s.owed.ran = outcome.ran;
   return Owes(s);
 }
 
@@ -134,19 +135,13 @@ Transition Orphan(AttemptState& s, bool requeue, const RetryPolicy& policy,
   return Owes(s);
 }
 
-Transition OnHeartbeat(AttemptState& s, int32_t held_attempt, int misses_to_lose, bool requeue,
-                       const RetryPolicy& policy, const std::string& reason) {
-  if (!s.Runs()) return {};
-  const int32_t attempt = s.HeldAttempt();
-  if (held_attempt == attempt) {
+bool MissedHeartbeat(AttemptState& s, int32_t held_attempt, int misses_to_lose) {
+  if (!s.Runs()) return false;
+  if (held_attempt == s.HeldAttempt()) {
     s.heartbeat_misses = 0;
-    return {};
+    return false;
   }
-  if (++s.heartbeat_misses < misses_to_lose) return {};
-  Transition t = Orphan(s, requeue, policy, reason);
-  t.stop_worker = true;
-  t.stop_attempt = attempt;
-  return t;
+  return ++s.heartbeat_misses >= misses_to_lose;
 }
 
 Transition TimeOut(AttemptState& s, absl::Time now, absl::Duration timeout,

@@ -47,6 +47,9 @@ struct Write {
   // kMark: not before this time. An accept's RUNNING mark waits a little, so a short job whose
   // result comes first costs one write, not two.
   absl::Time due = absl::InfinitePast();
+  // kSucceed, kFail, kRetry from a result: how long the attempt ran, if known (the row's
+  // started_at, when its mark was never written).
+  absl::Duration ran = absl::InfiniteDuration();
 
   // A write that settles the attempt (everything but kNone and kMark).
   bool Settles() const { return kind != WriteKind::kNone && kind != WriteKind::kMark; }
@@ -119,6 +122,7 @@ struct Outcome {
   std::string output;  // succeeded
   std::string error;   // failed
   bool retryable = false;
+  absl::Duration ran = absl::InfiniteDuration();  // how long it ran, if known
 };
 // What a failed attempt leads to: another attempt after a backoff, or the end.
 struct RetryPolicy {
@@ -137,11 +141,10 @@ Transition OnResult(AttemptState& s, const std::string& worker, int32_t attempt,
 // goes back to the queue, no attempt consumed.
 Transition OnReject(AttemptState& s, const std::string& worker, int32_t attempt);
 
-// A heartbeat of the job's worker, which lists the job at `held_attempt` (0: not listed). A
-// running job missing from `misses_to_lose` heartbeats in a row is lost on its worker: stopped,
-// and its attempt ended as Orphan says.
-Transition OnHeartbeat(AttemptState& s, int32_t held_attempt, int misses_to_lose, bool requeue,
-                       const RetryPolicy& policy, const std::string& reason);
+// A heartbeat of the job's worker, which lists the job at `held_attempt` (0: not listed). True
+// once a running job has been missing from `misses_to_lose` heartbeats in a row: it is lost on
+// its worker, which the edges tell to stop it before they apply Orphan.
+bool MissedHeartbeat(AttemptState& s, int32_t held_attempt, int misses_to_lose);
 
 // The job's worker is gone (lost, stale, or it reconnected without the job, or it never came back
 // after a restart). DISPATCHED and not accepted: back to the queue. Running: the type's

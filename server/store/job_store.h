@@ -34,6 +34,9 @@ struct FinishRequest {
   job::JobState state = job::JobState::kSucceeded;  // SUCCEEDED, FAILED or CANCELLED
   std::string result;
   std::string error;
+  // How long the attempt ran, if known. A row still DISPATCHED (its RUNNING mark never written:
+  // the outcome came first) records started_at as its finish less this.
+  absl::Duration ran = absl::InfiniteDuration();
 };
 
 // One accept to record: DISPATCHED at attempt - 1 -> RUNNING at attempt on worker_id (or a
@@ -44,15 +47,38 @@ struct MarkRequest {
   std::string worker_id;
 };
 
+// Another attempt for a failed one (Retry).
+struct RetryRequest {
+  std::string job_id;
+  int32_t attempt = 0;  // the attempt that failed
+  absl::Time not_before = absl::InfinitePast();
+  std::string error;
+};
+
+// A DISPATCHED job back to the queue, no attempt consumed (ReturnToQueue).
+struct ReturnRequest {
+  std::string job_id;
+  int32_t attempt = 0;  // attempts started (unchanged)
+};
+
 // What one dispatcher turn writes, and what of it took effect.
 struct TurnWrites {
   std::vector<FinishRequest> finishes;
   std::vector<MarkRequest> marks;
   std::vector<ClaimRequest> claims;
-  bool empty() const { return finishes.empty() && marks.empty() && claims.empty(); }
+  std::vector<RetryRequest> retries;
+  std::vector<ReturnRequest> returns;
+  bool empty() const {
+    return finishes.empty() && marks.empty() && claims.empty() && retries.empty() &&
+           returns.empty();
+  }
+  size_t rows() const {
+    return finishes.size() + marks.size() + claims.size() + retries.size() + returns.size();
+  }
 };
 struct TurnOutcome {
-  std::vector<std::string> finished, marked, claimed;  // ids, as FinishMany, ... return them
+  // The ids that changed, as FinishMany, MarkRunningMany, Claim, Retry and ReturnToQueue say.
+  std::vector<std::string> finished, marked, claimed, retried, returned;
   std::vector<std::string> claimed_payloads;  // the payload of each claimed job, as Claim's
 };
 
@@ -208,8 +234,8 @@ class JobStore {
       const std::vector<MarkRequest>& marks) = 0;
   virtual absl::StatusOr<std::vector<std::string>> FinishMany(
       const std::vector<FinishRequest>& reqs) = 0;
-  // FinishMany, MarkRunningMany and Claim in one transaction: one commit (one WAL flush) for a
-  // whole turn. The three must name disjoint jobs. All or nothing.
+  // FinishMany, MarkRunningMany, Claim, Retry and ReturnToQueue in one transaction: one commit
+  // (one WAL flush) for a whole turn. The writes must name disjoint jobs. All or nothing.
   virtual absl::StatusOr<TurnOutcome> WriteTurn(const TurnWrites& writes) = 0;
 
   // QUEUED, DISPATCHED or RUNNING -> CANCELLED with `reason` as error. NotFound for an unknown

@@ -869,23 +869,28 @@ struct BatchColumns {
 
 // The parameters of the finishes' arrays.
 struct FinishColumns {
-  std::string ids, attempts, states, results, errors;
+  std::string ids, attempts, states, results, errors, ran_us;
 
   explicit FinishColumns(const std::vector<FinishRequest>& reqs) {
     std::vector<std::string> id, state, result, error;
     std::vector<int32_t> attempt;
+    std::vector<int64_t> ran;
     for (const FinishRequest& r : reqs) {
       id.push_back(r.job_id);
       attempt.push_back(r.attempt);
       state.emplace_back(job::ToString(r.state));
       result.push_back(absl::BytesToHexString(r.result));
       error.push_back(r.error);
+      ran.push_back(r.ran == absl::InfiniteDuration() || r.ran < absl::ZeroDuration()
+                        ? -1
+                        : absl::ToInt64Microseconds(r.ran));
     }
     ids = TextArrayLiteral(id);
     attempts = IntArrayLiteral(attempt);
     states = TextArrayLiteral(state);
     results = TextArrayLiteral(result);
     errors = TextArrayLiteral(error);
+    ran_us = IntArrayLiteral(ran);
   }
 };
 
@@ -924,7 +929,7 @@ std::vector<std::string> ExecFinishes(pqxx::transaction_base& txn,
                                       const std::vector<FinishRequest>& reqs, int64_t epoch) {
   const FinishColumns f(reqs);
   return Ids(txn.exec_prepared(kFinishMany.name, f.ids, f.attempts, f.states, f.results, f.errors,
-                               epoch));
+                               f.ran_us, epoch));
 }
 
 // Runs `exec(txn, epoch)`, a fenced batch write returning the ids it changed, in a statement of
@@ -1044,32 +1049,71 @@ absl::StatusOr<std::vector<std::string>> PgJobStore::FinishMany(
 absl::StatusOr<TurnOutcome> PgJobStore::WriteTurn(const TurnWrites& writes) {
   if (writes.empty()) return TurnOutcome{};
   DISPATCHD_RETURN_IF_ERROR(CheckFinishStates(writes.finishes));
+  for (const RetryRequest& r : writes.retries) {
+    if (r.not_before == absl::InfiniteFuture()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("retry of job ", r.job_id, ": not_before must not be infinite-future"));
+    }
+  }
   const FinishColumns f(writes.finishes);
   const BatchColumns m(writes.marks), c(writes.claims);
+  const bool batch = !writes.finishes.empty() || !writes.marks.empty() || !writes.claims.empty();
+  // The three batch kinds in one statement; retries and returns (failures, refusals: the rare
+  // path) one statement each beside it, in the same transaction.
+  auto write = [&](pqxx::transaction_base& txn, int64_t epoch) {
+    TurnOutcome out;
+    if (batch) {
+      pqxx::result rows = txn.exec_prepared(kWriteTurn.name, f.ids, f.attempts, f.states, f.results,
+                                            f.errors, f.ran_us, m.ids, m.attempts, m.workers, c.ids,
+                                            c.attempts, c.workers, epoch);
+      for (const pqxx::row& row : rows) {
+        const std::string kind = TextFromField(row[0]);
+        if (kind == "f") {
+          out.finished.push_back(TextFromField(row[1]));
+        } else if (kind == "m") {
+          out.marked.push_back(TextFromField(row[1]));
+        } else {
+          out.claimed.push_back(TextFromField(row[1]));
+          out.claimed_payloads.push_back(BytesFromField(row[2]));
+        }
+      }
+    }
+    for (const RetryRequest& r : writes.retries) {
+      if (txn.exec_prepared(kRetry.name, r.job_id, r.attempt, OptionalMicros(r.not_before), r.error,
+                            epoch)
+              .affected_rows() == 1) {
+        out.retried.push_back(r.job_id);
+      }
+    }
+    for (const ReturnRequest& r : writes.returns) {
+      if (txn.exec_prepared(kReturnToQueue.name, r.job_id, r.attempt, epoch).affected_rows() == 1) {
+        out.returned.push_back(r.job_id);
+      }
+    }
+    return out;
+  };
+  auto changed = [](const TurnOutcome& out) {
+    return !out.finished.empty() || !out.marked.empty() || !out.claimed.empty() ||
+           !out.retried.empty() || !out.returned.empty();
+  };
   return WithConnection(
       *pool_,
       absl::StrCat("write a turn (finish ", writes.finishes.size(), ", mark ", writes.marks.size(),
-                   ", claim ", writes.claims.size(), ")"),
+                   ", claim ", writes.claims.size(), ", retry ", writes.retries.size(), ", return ",
+                   writes.returns.size(), ")"),
       [&](pqxx::connection& conn) -> absl::StatusOr<TurnOutcome> {
-        // One statement: atomic and durable when it returns, in one round trip.
-        pqxx::nontransaction txn(conn);
         const int64_t epoch = fence_.load();
-        pqxx::result rows = txn.exec_prepared(
-            kWriteTurn.name, f.ids, f.attempts, f.states, f.results, f.errors, m.ids, m.attempts,
-            m.workers, c.ids, c.attempts, c.workers, epoch);
-        TurnOutcome out;
-        for (const pqxx::row& row : rows) {
-          const std::string kind = TextFromField(row[0]);
-          if (kind == "f") {
-            out.finished.push_back(TextFromField(row[1]));
-          } else if (kind == "m") {
-            out.marked.push_back(TextFromField(row[1]));
-          } else {
-            out.claimed.push_back(TextFromField(row[1]));
-            out.claimed_payloads.push_back(BytesFromField(row[2]));
-          }
+        if (writes.retries.empty() && writes.returns.empty()) {
+          // One statement: atomic and durable when it returns, in one round trip.
+          pqxx::nontransaction txn(conn);
+          TurnOutcome out = write(txn, epoch);
+          if (!changed(out)) DISPATCHD_RETURN_IF_ERROR(FenceHolds(txn, epoch));
+          return out;
         }
-        if (rows.empty()) DISPATCHD_RETURN_IF_ERROR(FenceHolds(txn, epoch));
+        pqxx::work txn(conn);
+        TurnOutcome out = write(txn, epoch);
+        if (!changed(out)) DISPATCHD_RETURN_IF_ERROR(FenceHolds(txn, epoch));
+        txn.commit();
         return out;
       });
 }

@@ -249,15 +249,19 @@ WHERE id = $1 AND )sql" DISPATCHD_PG_STATE_IS("", "'RUNNING' THEN attempt = $2::
 // Terminal transitions move the row from jobs_active to jobs_done (migration 5) in one
 // statement: `moved` is the DELETE's RETURNING, and DISPATCHD_PG_INSERT_DONE(state, attempt,
 // result, error) writes it to jobs_done with those four values, finished and updated now.
-#define DISPATCHD_PG_INSERT_DONE(state, attempt, result, error)                               \
+#define DISPATCHD_PG_INSERT_DONE(state, attempt, result, error) \
+  DISPATCHD_PG_INSERT_DONE_STARTED(state, attempt, result, error, "m.started_at")
+// The same, with `started` for started_at.
+#define DISPATCHD_PG_INSERT_DONE_STARTED(state, attempt, result, error, started)                \
   "INSERT INTO jobs_done (seq, id, type, payload, resource_id, fairness_key, idempotency_key, " \
-  "labels, state, attempt, max_attempts, timeout_ms, dispatch_deadline_at, not_before, "       \
+  "labels, state, attempt, max_attempts, timeout_ms, dispatch_deadline_at, not_before, "        \
   "worker_id, result, error, created_at, dispatched_at, started_at, finished_at, updated_at, "  \
-  "owner) "                                                                                    \
-  "SELECT m.seq, m.id, m.type, m.payload, m.resource_id, m.fairness_key, m.idempotency_key, "  \
-  "m.labels, " state ", " attempt ", m.max_attempts, m.timeout_ms, m.dispatch_deadline_at, "   \
-  "m.not_before, m.worker_id, " result ", " error ", m.created_at, m.dispatched_at, "          \
-  "m.started_at, now(), now(), m.owner FROM moved m"
+  "owner) "                                                                                     \
+  "SELECT m.seq, m.id, m.type, m.payload, m.resource_id, m.fairness_key, m.idempotency_key, "   \
+  "m.labels, " state ", " attempt                                                               \
+  ", m.max_attempts, m.timeout_ms, m.dispatch_deadline_at, "                                    \
+  "m.not_before, m.worker_id, " result ", " error ", m.created_at, m.dispatched_at, " started   \
+  ", now(), now(), m.owner FROM moved m"
 
 // $1 id, $2 attempt, $3 terminal state, $4 result (binary), $5 error, $6 epoch.
 inline constexpr Statement kFinish{"finish", "WITH " DISPATCHD_PG_FENCE(6) R"sql(, moved AS (
@@ -295,20 +299,24 @@ WHERE id = $1 AND )sql" DISPATCHD_PG_STATE_IS("", "'DISPATCHED' THEN attempt = $
 // run one alone, WriteTurn all three in one statement.
 //
 // Finishes: ids $a, attempts $b, terminal states $c, results $d (hex, so that a text array
-// carries any bytes), errors $e. `done` holds the ids finished. A failure that overtook its
-// accept (the row still DISPATCHED at the attempt before) counts.
-#define DISPATCHD_PG_FINISHES(a, b, c, d, e)                                                  \
+// carries any bytes), errors $e, run times in us $f (-1: unknown). `done` holds the ids finished.
+// An outcome that overtook its RUNNING mark (the row still DISPATCHED at the attempt before)
+// counts, and records started_at as its finish less its run time.
+#define DISPATCHD_PG_FINISHES(a, b, c, d, e, f) \
   "f_req AS (SELECT * FROM unnest($" #a "::text[], $" #b "::int4[], $" #c "::text[], $" #d   \
-  "::text[], $" #e "::text[]) AS r(id, attempt, state, result_hex, error)), "                 \
+  "::text[], $" #e "::text[], $" #f "::int8[]) AS r(id, attempt, state, result_hex, error, "  \
+  "ran_us)), "                                                                                \
   "moved AS (DELETE FROM jobs_active j USING f_req r WHERE " DISPATCHD_PG_KEY_IS("r.id")      \
   " AND "                                                                                     \
   DISPATCHD_PG_STATE_IS("j.", "'RUNNING' THEN j.attempt = r.attempt WHEN 'DISPATCHED' THEN "  \
                               "j.attempt = r.attempt - 1")                                    \
   " AND EXISTS (SELECT 1 FROM fence) "                                                        \
   "RETURNING j.*, r.state AS new_state, r.attempt AS new_attempt, r.result_hex, "             \
-  "r.error AS new_error), "                                                                   \
-  "done AS (" DISPATCHD_PG_INSERT_DONE("m.new_state", "m.new_attempt",                        \
-                                       "decode(m.result_hex, 'hex')", "m.new_error")         \
+  "r.error AS new_error, r.ran_us), "                                                         \
+  "done AS (" DISPATCHD_PG_INSERT_DONE_STARTED(                                               \
+      "m.new_state", "m.new_attempt", "decode(m.result_hex, 'hex')", "m.new_error",           \
+      "CASE WHEN m.state = 'DISPATCHED' AND m.ran_us >= 0 "                                   \
+      "THEN now() - m.ran_us * interval '1 microsecond' ELSE m.started_at END")               \
   " RETURNING id)"
 // RUNNING marks (kMarkRunning for each): ids $a, attempts $b, worker ids $c. `marked` holds the
 // ids marked.
@@ -339,10 +347,10 @@ WHERE id = $1 AND )sql" DISPATCHD_PG_STATE_IS("", "'DISPATCHED' THEN attempt = $
   "dispatched_at = now(), updated_at = now() FROM c_hit h WHERE j.ctid = h.tid "              \
   "RETURNING j.id, j.payload)"
 
-// $1..$5 the finishes, $6 epoch. Returns the ids finished.
-inline constexpr Statement kFinishMany{"finish_many", "WITH " DISPATCHD_PG_FENCE(6) ", "
-                                               DISPATCHD_PG_FINISHES(1, 2, 3, 4, 5)
-                                               " SELECT id FROM done"};
+// $1..$6 the finishes, $7 epoch. Returns the ids finished.
+inline constexpr Statement kFinishMany{"finish_many",
+                                       "WITH " DISPATCHD_PG_FENCE(7) ", " DISPATCHD_PG_FINISHES(
+                                           1, 2, 3, 4, 5, 6) " SELECT id FROM done"};
 
 // $1..$3 the marks, $4 epoch. Returns the ids marked.
 inline constexpr Statement kMarkRunningMany{"mark_running_many", "WITH " DISPATCHD_PG_FENCE(4) ", "
@@ -355,12 +363,12 @@ inline constexpr Statement kClaim{"claim", "WITH " DISPATCHD_PG_FENCE(4) ", "
                                            " SELECT id, payload FROM claimed"};
 
 // A whole turn in one statement, so one round trip and one commit (the rows of the three kinds
-// are disjoint, which data-modifying CTEs of one statement need): $1..$5 the finishes, $6..$8
-// the marks, $9..$11 the claims, $12 epoch. Returns (kind, id, payload): 'f' finished, 'm'
+// are disjoint, which data-modifying CTEs of one statement need): $1..$6 the finishes, $7..$9
+// the marks, $10..$12 the claims, $13 epoch. Returns (kind, id, payload): 'f' finished, 'm'
 // marked, 'c' claimed (with its payload).
 inline constexpr Statement kWriteTurn{
-    "write_turn", "WITH " DISPATCHD_PG_FENCE(12) ", " DISPATCHD_PG_FINISHES(1, 2, 3, 4, 5) ", "
-        DISPATCHD_PG_MARKS(6, 7, 8) ", " DISPATCHD_PG_CLAIMS(9, 10, 11)
+    "write_turn", "WITH " DISPATCHD_PG_FENCE(13) ", " DISPATCHD_PG_FINISHES(1, 2, 3, 4, 5, 6) ", "
+        DISPATCHD_PG_MARKS(7, 8, 9) ", " DISPATCHD_PG_CLAIMS(10, 11, 12)
         " SELECT 'f', id, NULL::bytea FROM done UNION ALL SELECT 'm', id, NULL FROM marked "
         "UNION ALL SELECT 'c', id, payload FROM claimed"};
 
@@ -452,6 +460,7 @@ inline constexpr Statement kLoadAccounts{"load_accounts",
                                          "SELECT kind, a, b, value FROM fair_accounts"};
 
 #undef DISPATCHD_PG_INSERT_DONE
+#undef DISPATCHD_PG_INSERT_DONE_STARTED
 #undef DISPATCHD_PG_JOB_COLUMNS
 #undef DISPATCHD_PG_JOB_COLUMNS_NO_PAYLOAD
 #undef DISPATCHD_PG_JOB_COLUMNS_WITH

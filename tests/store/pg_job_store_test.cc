@@ -39,6 +39,7 @@ using ::dispatchd::testing::TestDatabase;
 using job::Job;
 using job::JobState;
 using ::testing::ElementsAre;
+using ::testing::Field;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 using ::testing::Not;
@@ -796,6 +797,44 @@ TEST_F(PgJobStoreTest, WriteTurnFinishesMarksAndClaimsInOneTransaction) {
                    .claims = {}}),
               StatusIs(absl::StatusCode::kInvalidArgument, "state"));
   EXPECT_THAT(store_->WriteTurn({}), IsOk());
+}
+
+TEST_F(PgJobStoreTest, WriteTurnRetriesAndReturnsInTheSameTransaction) {
+  for (const char* id : {"j_retry", "j_back", "j_gone"}) Insert(MakeJob(id));
+  ASSERT_THAT(store_->Claim({{.job_id = "j_retry", .attempt = 0, .worker_id = "w1"},
+                             {.job_id = "j_back", .attempt = 0, .worker_id = "w1"}}),
+              IsOk());
+  const absl::Time later = absl::FromUnixSeconds(4'000'000'000);
+  absl::StatusOr<TurnOutcome> out = store_->WriteTurn(
+      {.claims = {{.job_id = "j_gone", .attempt = 0, .worker_id = "w2"}},
+       .retries = {{.job_id = "j_retry", .attempt = 1, .not_before = later, .error = "oom"}},
+       .returns = {{.job_id = "j_back", .attempt = 0},
+                   {.job_id = "j_gone", .attempt = 5}}});  // stale: left alone
+  ASSERT_THAT(out, IsOk());
+  EXPECT_THAT(out->retried, ElementsAre("j_retry"));
+  EXPECT_THAT(out->returned, ElementsAre("j_back"));
+  EXPECT_THAT(out->claimed, ElementsAre("j_gone"));
+  const Job retried = Get("j_retry");
+  EXPECT_EQ(retried.state, JobState::kQueued);
+  EXPECT_EQ(retried.attempt, 1);
+  EXPECT_EQ(retried.error, "oom");
+  EXPECT_EQ(retried.spec.not_before, later);
+  EXPECT_EQ(Get("j_back").state, JobState::kQueued);
+  EXPECT_EQ(Get("j_back").attempt, 0);
+  EXPECT_EQ(Get("j_gone").state, JobState::kDispatched);
+}
+
+TEST_F(PgJobStoreTest, AnOutcomeThatOvertookItsMarkRecordsWhenItStarted) {
+  Insert(MakeJob("j_fast"));
+  ASSERT_THAT(store_->Claim({{.job_id = "j_fast", .attempt = 0, .worker_id = "w1"}}), IsOk());
+  ASSERT_THAT(store_->WriteTurn({.finishes = {{.job_id = "j_fast",
+                                               .attempt = 1,
+                                               .result = "ok",
+                                               .ran = absl::Seconds(2)}}}),
+              IsOkAndHolds(Field(&TurnOutcome::finished, ElementsAre("j_fast"))));
+  const Job fast = Get("j_fast");
+  ASSERT_NE(fast.started_at, absl::InfinitePast());
+  EXPECT_EQ(fast.finished_at - fast.started_at, absl::Seconds(2));
 }
 
 TEST_F(PgJobStoreTest, CancelQueuedJob) {

@@ -74,13 +74,46 @@ bool AttemptRuns(const job::Job& job, int32_t attempt) {
 FakeJobStore::FakeJobStore(Clock* clock, absl::Duration idempotency_window)
     : clock_(clock), idempotency_window_(idempotency_window) {}
 
-absl::Status FakeJobStore::BeginCall() {
+absl::Status FakeJobStore::BeginCall(absl::string_view method) {
   ++calls_;
+  if (!stall_method_.empty() && stall_method_ == method) {
+    stall_method_.clear();
+    stalled_ = true;
+    mu_.Await(absl::Condition(&released_));
+    stalled_ = false;
+    released_ = false;
+  }
+  if (auto m = method_failures_.find(method); m != method_failures_.end()) {
+    absl::Status status = std::move(m->second.front());
+    m->second.pop_front();
+    if (m->second.empty()) method_failures_.erase(m);
+    return status;
+  }
   auto it = failures_.find(calls_);
   if (it == failures_.end()) return absl::OkStatus();
   absl::Status status = std::move(it->second);
   failures_.erase(it);
   return status;
+}
+
+void FakeJobStore::FailNext(absl::string_view method, absl::Status status) {
+  absl::MutexLock l(&mu_);
+  method_failures_[std::string(method)].push_back(std::move(status));
+}
+
+void FakeJobStore::StallNext(absl::string_view method) {
+  absl::MutexLock l(&mu_);
+  stall_method_ = std::string(method);
+}
+
+bool FakeJobStore::AwaitStalled(absl::Duration timeout) {
+  absl::MutexLock l(&mu_);
+  return mu_.AwaitWithTimeout(absl::Condition(&stalled_), timeout);
+}
+
+void FakeJobStore::Release() {
+  absl::MutexLock l(&mu_);
+  released_ = true;
 }
 
 absl::Status FakeJobStore::FenceHolds() const {
@@ -145,7 +178,7 @@ std::vector<std::string> FakeJobStore::notified() const {
 
 absl::Status FakeJobStore::NotifyChanged(const std::string& job_id) {
   absl::MutexLock l(&mu_);
-  if (absl::Status s = BeginCall(); !s.ok()) return s;
+  if (absl::Status s = BeginCall(__func__); !s.ok()) return s;
   notified_.push_back(job_id);
   return absl::OkStatus();
 }
@@ -153,7 +186,7 @@ absl::Status FakeJobStore::NotifyChanged(const std::string& job_id) {
 absl::Status FakeJobStore::SaveAccounts(const std::vector<store::AccountRow>& rows,
                                         absl::Duration ttl) {
   absl::MutexLock l(&mu_);
-  if (absl::Status s = BeginCall(); !s.ok()) return s;
+  if (absl::Status s = BeginCall(__func__); !s.ok()) return s;
   if (rows.empty()) return absl::OkStatus();
   if (absl::Status s = FenceHolds(); !s.ok()) return s;
   const absl::Time now = Now();
@@ -164,7 +197,7 @@ absl::Status FakeJobStore::SaveAccounts(const std::vector<store::AccountRow>& ro
 
 absl::StatusOr<std::vector<store::AccountRow>> FakeJobStore::LoadAccounts() {
   absl::MutexLock l(&mu_);
-  if (absl::Status s = BeginCall(); !s.ok()) return s;
+  if (absl::Status s = BeginCall(__func__); !s.ok()) return s;
   std::vector<store::AccountRow> out;
   for (const auto& [key, value] : accounts_) {
     out.push_back({std::get<0>(key), std::get<1>(key), std::get<2>(key), value.first});
@@ -186,7 +219,7 @@ absl::StatusOr<store::InsertOutcome> FakeJobStore::Insert(const job::Job& job) {
 absl::StatusOr<std::vector<store::InsertOutcome>> FakeJobStore::InsertMany(
     const std::vector<job::Job>& jobs, bool notify_leader) {
   absl::MutexLock l(&mu_);
-  if (absl::Status s = BeginCall(); !s.ok()) return s;
+  if (absl::Status s = BeginCall(__func__); !s.ok()) return s;
   absl::flat_hash_set<std::string> ids;
   for (size_t i = 0; i < jobs.size(); ++i) {
     absl::Status valid = ValidateForInsert(jobs[i]);
@@ -272,6 +305,11 @@ bool FakeJobStore::MarkOne(const store::MarkRequest& req, absl::Time now) {
 bool FakeJobStore::FinishOne(const store::FinishRequest& req, absl::Time now) {
   job::Job* job = Find(req.job_id);
   if (job == nullptr || !AttemptRuns(*job, req.attempt)) return false;
+  // An outcome that overtook its RUNNING mark: started its run time before now.
+  if (job->state == JobState::kDispatched && req.ran != absl::InfiniteDuration() &&
+      req.ran >= absl::ZeroDuration()) {
+    job->started_at = absl::FromUnixMicros(absl::ToUnixMicros(now - req.ran));
+  }
   job->state = req.state;
   job->attempt = req.attempt;
   job->result = req.result;
@@ -285,7 +323,7 @@ absl::StatusOr<std::vector<std::string>> FakeJobStore::Claim(
     const std::vector<store::ClaimRequest>& claims, std::vector<std::string>* payloads) {
   if (payloads != nullptr) payloads->clear();
   absl::MutexLock l(&mu_);
-  if (absl::Status s = BeginCall(); !s.ok()) return s;
+  if (absl::Status s = BeginCall(__func__); !s.ok()) return s;
   if (claims.empty()) return std::vector<std::string>{};
   DISPATCHD_RETURN_IF_ERROR(FenceHolds());
   const absl::Time now = Now();
@@ -302,22 +340,26 @@ absl::StatusOr<std::vector<std::string>> FakeJobStore::Claim(
 absl::StatusOr<bool> FakeJobStore::MarkRunning(const std::string& job_id, int32_t attempt,
                                                const std::string& worker_id) {
   absl::MutexLock l(&mu_);
-  if (absl::Status s = BeginCall(); !s.ok()) return s;
+  if (absl::Status s = BeginCall(__func__); !s.ok()) return s;
   DISPATCHD_RETURN_IF_ERROR(FenceHolds());
   return MarkOne({.job_id = job_id, .attempt = attempt, .worker_id = worker_id}, Now());
 }
 
 absl::StatusOr<bool> FakeJobStore::ReturnToQueue(const std::string& job_id, int32_t attempt) {
   absl::MutexLock l(&mu_);
-  if (absl::Status s = BeginCall(); !s.ok()) return s;
+  if (absl::Status s = BeginCall(__func__); !s.ok()) return s;
   DISPATCHD_RETURN_IF_ERROR(FenceHolds());
-  job::Job* job = Find(job_id);
-  if (job == nullptr || job->state != JobState::kDispatched || job->attempt != attempt) {
+  return ReturnOne(store::ReturnRequest{.job_id = job_id, .attempt = attempt}, Now());
+}
+
+bool FakeJobStore::ReturnOne(const store::ReturnRequest& req, absl::Time now) {
+  job::Job* job = Find(req.job_id);
+  if (job == nullptr || job->state != JobState::kDispatched || job->attempt != req.attempt) {
     return false;
   }
   job->state = JobState::kQueued;
   job->worker_id.clear();
-  job->updated_at = Now();
+  job->updated_at = now;
   return true;
 }
 
@@ -327,26 +369,33 @@ absl::StatusOr<bool> FakeJobStore::Retry(const std::string& job_id, int32_t atte
     return absl::InvalidArgumentError("not_before: must not be infinite-future");
   }
   absl::MutexLock l(&mu_);
-  if (absl::Status s = BeginCall(); !s.ok()) return s;
+  if (absl::Status s = BeginCall(__func__); !s.ok()) return s;
   DISPATCHD_RETURN_IF_ERROR(FenceHolds());
-  job::Job* job = Find(job_id);
-  if (job == nullptr || !AttemptRuns(*job, attempt)) return false;
+  return RetryOne(
+      store::RetryRequest{
+          .job_id = job_id, .attempt = attempt, .not_before = not_before, .error = error},
+      Now());
+}
+
+bool FakeJobStore::RetryOne(const store::RetryRequest& req, absl::Time now) {
+  job::Job* job = Find(req.job_id);
+  if (job == nullptr || !AttemptRuns(*job, req.attempt)) return false;
   job->state = JobState::kQueued;
-  job->attempt = attempt;
+  job->attempt = req.attempt;
   job->worker_id.clear();
   // InfinitePast is NULL in the table: at once.
-  job->spec.not_before = not_before == absl::InfinitePast()
-                             ? not_before
-                             : absl::FromUnixMicros(absl::ToUnixMicros(not_before));
-  job->error = error;
-  job->updated_at = Now();
+  job->spec.not_before = req.not_before == absl::InfinitePast()
+                             ? req.not_before
+                             : absl::FromUnixMicros(absl::ToUnixMicros(req.not_before));
+  job->error = req.error;
+  job->updated_at = now;
   return true;
 }
 
 absl::StatusOr<bool> FakeJobStore::Finish(const store::FinishRequest& req) {
   DISPATCHD_RETURN_IF_ERROR(CheckFinishState(req));
   absl::MutexLock l(&mu_);
-  if (absl::Status s = BeginCall(); !s.ok()) return s;
+  if (absl::Status s = BeginCall(__func__); !s.ok()) return s;
   DISPATCHD_RETURN_IF_ERROR(FenceHolds());
   return FinishOne(req, Now());
 }
@@ -354,7 +403,7 @@ absl::StatusOr<bool> FakeJobStore::Finish(const store::FinishRequest& req) {
 absl::StatusOr<std::vector<std::string>> FakeJobStore::MarkRunningMany(
     const std::vector<store::MarkRequest>& marks) {
   absl::MutexLock l(&mu_);
-  if (absl::Status s = BeginCall(); !s.ok()) return s;
+  if (absl::Status s = BeginCall(__func__); !s.ok()) return s;
   if (marks.empty()) return std::vector<std::string>{};
   DISPATCHD_RETURN_IF_ERROR(FenceHolds());
   const absl::Time now = Now();
@@ -369,7 +418,7 @@ absl::StatusOr<std::vector<std::string>> FakeJobStore::FinishMany(
     const std::vector<store::FinishRequest>& reqs) {
   for (const store::FinishRequest& r : reqs) DISPATCHD_RETURN_IF_ERROR(CheckFinishState(r));
   absl::MutexLock l(&mu_);
-  if (absl::Status s = BeginCall(); !s.ok()) return s;
+  if (absl::Status s = BeginCall(__func__); !s.ok()) return s;
   if (reqs.empty()) return std::vector<std::string>{};
   DISPATCHD_RETURN_IF_ERROR(FenceHolds());
   const absl::Time now = Now();
@@ -384,8 +433,13 @@ absl::StatusOr<store::TurnOutcome> FakeJobStore::WriteTurn(const store::TurnWrit
   for (const store::FinishRequest& r : writes.finishes) {
     DISPATCHD_RETURN_IF_ERROR(CheckFinishState(r));
   }
+  for (const store::RetryRequest& r : writes.retries) {
+    if (r.not_before == absl::InfiniteFuture()) {
+      return absl::InvalidArgumentError("not_before: must not be infinite-future");
+    }
+  }
   absl::MutexLock l(&mu_);
-  if (absl::Status s = BeginCall(); !s.ok()) return s;
+  if (absl::Status s = BeginCall(__func__); !s.ok()) return s;
   if (writes.empty()) return store::TurnOutcome{};
   // One statement's data-modifying CTEs cannot change one row twice: the interface asks for
   // disjoint jobs. PostgreSQL would apply one of the writes unpredictably; refuse instead, and
@@ -396,6 +450,8 @@ absl::StatusOr<store::TurnOutcome> FakeJobStore::WriteTurn(const store::TurnWrit
   for (const auto& r : writes.finishes) disjoint &= name(r.job_id);
   for (const auto& r : writes.marks) disjoint &= name(r.job_id);
   for (const auto& r : writes.claims) disjoint &= name(r.job_id);
+  for (const auto& r : writes.retries) disjoint &= name(r.job_id);
+  for (const auto& r : writes.returns) disjoint &= name(r.job_id);
   if (!disjoint) {
     ++misuses_;
     return absl::InvalidArgumentError("write turn: a job is named twice");
@@ -415,13 +471,19 @@ absl::StatusOr<store::TurnOutcome> FakeJobStore::WriteTurn(const store::TurnWrit
     out.claimed.push_back(c.job_id);
     out.claimed_payloads.push_back(std::move(payload));
   }
+  for (const store::RetryRequest& r : writes.retries) {
+    if (RetryOne(r, now)) out.retried.push_back(r.job_id);
+  }
+  for (const store::ReturnRequest& r : writes.returns) {
+    if (ReturnOne(r, now)) out.returned.push_back(r.job_id);
+  }
   return out;
 }
 
 absl::StatusOr<store::CancelOutcome> FakeJobStore::Cancel(const std::string& job_id,
                                                           const std::string& reason) {
   absl::MutexLock l(&mu_);
-  if (absl::Status s = BeginCall(); !s.ok()) return s;
+  if (absl::Status s = BeginCall(__func__); !s.ok()) return s;
   job::Job* job = Find(job_id);
   if (job == nullptr) return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
   if (job::IsTerminal(job->state)) {
@@ -444,7 +506,7 @@ absl::StatusOr<std::vector<std::string>> FakeJobStore::ExpireOverdue(absl::Time 
     return absl::InvalidArgumentError("now: must not be infinite-future");
   }
   absl::MutexLock l(&mu_);
-  if (absl::Status s = BeginCall(); !s.ok()) return s;
+  if (absl::Status s = BeginCall(__func__); !s.ok()) return s;
   if (now == absl::InfinitePast()) return std::vector<std::string>{};
   DISPATCHD_RETURN_IF_ERROR(FenceHolds());
   // In deadline order, as the statement reads them (no limit: a test never has a million).

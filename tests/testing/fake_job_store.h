@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <string>
 #include <tuple>
@@ -9,6 +10,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
@@ -90,6 +92,15 @@ class FakeJobStore final : public store::JobStore {
   //
   // The n-th call from now (n >= 1) fails with `status` (not OK) and changes nothing.
   void FailCall(int64_t n, absl::Status status);
+  // The next call of `method` (the interface's name for it, e.g. "WriteTurn") fails with
+  // `status` and changes nothing. Planned failures of one method come in the order planned.
+  void FailNext(absl::string_view method, absl::Status status);
+  // The next call of `method` waits, before it reads or changes anything, until Release(): a
+  // database that stalls in the middle of a write. AwaitStalled waits (at most `timeout`) for
+  // that call to arrive.
+  void StallNext(absl::string_view method);
+  bool AwaitStalled(absl::Duration timeout);
+  void Release();
   // The epoch the fenced writes must carry (another daemon winning the lease bumps it).
   void SetLeaderEpoch(int64_t epoch);
   // Every job, active or ended, in seq order, with payloads.
@@ -107,7 +118,9 @@ class FakeJobStore final : public store::JobStore {
   using IdemKey = std::tuple<std::string, std::string, std::string>;  // owner, fairness, idem
 
   // Counts a call and returns the failure FailCall planned for it, if any.
-  absl::Status BeginCall() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `method` is the interface method's name. A call planned to stall waits here, with mu_
+  // released, until Release().
+  absl::Status BeginCall(absl::string_view method) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // OK while the fence is the leader's epoch, else FailedPrecondition ("fenced: ...").
   absl::Status FenceHolds() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Time Now() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -123,6 +136,9 @@ class FakeJobStore final : public store::JobStore {
   bool MarkOne(const store::MarkRequest& req, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool FinishOne(const store::FinishRequest& req, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool RetryOne(const store::RetryRequest& req, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool ReturnOne(const store::ReturnRequest& req, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Clock* const clock_;
   const absl::Duration idempotency_window_;
@@ -136,6 +152,10 @@ class FakeJobStore final : public store::JobStore {
   int64_t calls_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t misuses_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<int64_t, absl::Status> failures_ ABSL_GUARDED_BY(mu_);  // by call number
+  absl::flat_hash_map<std::string, std::deque<absl::Status>> method_failures_ ABSL_GUARDED_BY(mu_);
+  std::string stall_method_ ABSL_GUARDED_BY(mu_);  // the next call of it stalls
+  bool stalled_ ABSL_GUARDED_BY(mu_) = false;      // a call waits for Release
+  bool released_ ABSL_GUARDED_BY(mu_) = false;
   int64_t fence_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t leader_epoch_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::string> notified_ ABSL_GUARDED_BY(mu_);

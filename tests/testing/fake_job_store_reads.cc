@@ -74,7 +74,7 @@ std::vector<job::Job> FakeJobStore::AllJobs() const {
 
 absl::StatusOr<job::Job> FakeJobStore::Get(const std::string& job_id) {
   absl::MutexLock l(&mu_);
-  if (absl::Status s = BeginCall(); !s.ok()) return s;
+  if (absl::Status s = BeginCall(__func__); !s.ok()) return s;
   const job::Job* job = Find(job_id);
   if (job == nullptr) return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
   return *job;
@@ -83,7 +83,7 @@ absl::StatusOr<job::Job> FakeJobStore::Get(const std::string& job_id) {
 absl::StatusOr<std::vector<job::Job>> FakeJobStore::GetMany(
     const std::vector<std::string>& job_ids) {
   absl::MutexLock l(&mu_);
-  if (absl::Status s = BeginCall(); !s.ok()) return s;
+  if (absl::Status s = BeginCall(__func__); !s.ok()) return s;
   // Each id once, as `id = ANY(...)` reads each row once however often it is named.
   std::vector<job::Job> out;
   for (const auto& [id, job] : jobs_) {
@@ -94,7 +94,7 @@ absl::StatusOr<std::vector<job::Job>> FakeJobStore::GetMany(
 
 absl::StatusOr<std::vector<job::Job>> FakeJobStore::LoadActive() {
   absl::MutexLock l(&mu_);
-  if (absl::Status s = BeginCall(); !s.ok()) return s;
+  if (absl::Status s = BeginCall(__func__); !s.ok()) return s;
   std::vector<job::Job> out;
   for (const job::Job* job : BySeq(true)) out.push_back(*job);
   return out;
@@ -102,7 +102,7 @@ absl::StatusOr<std::vector<job::Job>> FakeJobStore::LoadActive() {
 
 absl::StatusOr<std::vector<job::Job>> FakeJobStore::LoadPlaced() {
   absl::MutexLock l(&mu_);
-  if (absl::Status s = BeginCall(); !s.ok()) return s;
+  if (absl::Status s = BeginCall(__func__); !s.ok()) return s;
   std::vector<job::Job> out;
   for (const job::Job* job : BySeq(true)) {
     if (IsPlaced(job->state)) out.push_back(WithoutPayload(*job));
@@ -112,7 +112,7 @@ absl::StatusOr<std::vector<job::Job>> FakeJobStore::LoadPlaced() {
 
 absl::StatusOr<store::QueuedHeads> FakeJobStore::LoadQueuedHeads(int64_t per_queue) {
   absl::MutexLock l(&mu_);
-  if (absl::Status s = BeginCall(); !s.ok()) return s;
+  if (absl::Status s = BeginCall(__func__); !s.ok()) return s;
   // Queues in the order of their first row by seq, as PgJobStore builds them from the rows.
   std::map<std::pair<std::string, std::string>, size_t> index;  // into out.queues
   std::vector<int64_t> taken;
@@ -140,7 +140,7 @@ absl::StatusOr<std::vector<job::Job>> FakeJobStore::LoadQueuedPage(const std::st
                                                                    int64_t after_seq,
                                                                    int64_t limit) {
   absl::MutexLock l(&mu_);
-  if (absl::Status s = BeginCall(); !s.ok()) return s;
+  if (absl::Status s = BeginCall(__func__); !s.ok()) return s;
   std::vector<job::Job> out;
   for (const job::Job* job : BySeq(true)) {
     if (static_cast<int64_t>(out.size()) >= limit) break;
@@ -156,7 +156,7 @@ absl::StatusOr<int64_t> FakeJobStore::CountQueuedBefore(const std::string& type,
                                                         const std::string& fairness_key,
                                                         int64_t seq) {
   absl::MutexLock l(&mu_);
-  if (absl::Status s = BeginCall(); !s.ok()) return s;
+  if (absl::Status s = BeginCall(__func__); !s.ok()) return s;
   int64_t n = 0;
   for (const auto& [id, job] : jobs_) {
     n += job.state == JobState::kQueued && job.spec.type == type &&
@@ -168,7 +168,7 @@ absl::StatusOr<int64_t> FakeJobStore::CountQueuedBefore(const std::string& type,
 absl::StatusOr<std::vector<store::QueueCount>> FakeJobStore::CountQueued(
     const std::vector<store::QueueBound>& bounds) {
   absl::MutexLock l(&mu_);
-  if (absl::Status s = BeginCall(); !s.ok()) return s;
+  if (absl::Status s = BeginCall(__func__); !s.ok()) return s;
   // A queue named twice: the statement's join counts its rows once per bound; the plain meaning
   // (the last bound given) is taken here.
   std::map<std::pair<std::string, std::string>, int64_t> bound_of;
@@ -191,26 +191,26 @@ absl::StatusOr<std::vector<store::QueueCount>> FakeJobStore::CountQueued(
 
 absl::StatusOr<std::vector<store::TypeStateCount>> FakeJobStore::CountByTypeAndState() {
   absl::MutexLock l(&mu_);
-  if (absl::Status s = BeginCall(); !s.ok()) return s;
+  if (absl::Status s = BeginCall(__func__); !s.ok()) return s;
   return CountByTypeState(BySeq(false));
 }
 
 absl::StatusOr<int64_t> FakeJobStore::CountActive() {
   absl::MutexLock l(&mu_);
-  if (absl::Status s = BeginCall(); !s.ok()) return s;
+  if (absl::Status s = BeginCall(__func__); !s.ok()) return s;
   return static_cast<int64_t>(BySeq(true).size());
 }
 
 absl::StatusOr<std::vector<store::TypeStateCount>> FakeJobStore::CountActiveByTypeAndState() {
   absl::MutexLock l(&mu_);
-  if (absl::Status s = BeginCall(); !s.ok()) return s;
+  if (absl::Status s = BeginCall(__func__); !s.ok()) return s;
   return CountByTypeState(BySeq(true), /*by_owner=*/true);
 }
 
 absl::StatusOr<std::vector<store::JobRef>> FakeJobStore::GetRefs(
     const std::vector<std::string>& job_ids) {
   absl::MutexLock l(&mu_);
-  if (absl::Status s = BeginCall(); !s.ok()) return s;
+  if (absl::Status s = BeginCall(__func__); !s.ok()) return s;
   std::vector<store::JobRef> out;
   for (const auto& [id, job] : jobs_) {
     if (std::find(job_ids.begin(), job_ids.end(), id) != job_ids.end()) out.push_back(RefOf(job));
@@ -220,7 +220,7 @@ absl::StatusOr<std::vector<store::JobRef>> FakeJobStore::GetRefs(
 
 absl::StatusOr<std::vector<store::JobRef>> FakeJobStore::LoadPlacedRefs() {
   absl::MutexLock l(&mu_);
-  if (absl::Status s = BeginCall(); !s.ok()) return s;
+  if (absl::Status s = BeginCall(__func__); !s.ok()) return s;
   std::vector<store::JobRef> out;
   for (const job::Job* job : BySeq(true)) {
     if (IsPlaced(job->state)) out.push_back(RefOf(*job));

@@ -217,14 +217,16 @@ TEST_F(AttemptTest, OrphanOfASettledJobChangesNothing) {
 
 TEST_F(AttemptTest, TwoMissedHeartbeatsLoseTheJobOnItsWorker) {
   AttemptState s = Running("w1", 1);
-  EXPECT_TRUE(OnHeartbeat(s, 0, 2, true, kThreeAttempts, "stopped reporting").Nothing());
-  EXPECT_TRUE(OnHeartbeat(s, 1, 2, true, kThreeAttempts, "stopped reporting").Nothing());
+  EXPECT_FALSE(MissedHeartbeat(s, 0, 2));
+  EXPECT_FALSE(MissedHeartbeat(s, 1, 2));
   EXPECT_EQ(s.heartbeat_misses, 0);  // reported again: the count starts over
-  EXPECT_TRUE(OnHeartbeat(s, 0, 2, true, kThreeAttempts, "stopped reporting").Nothing());
-  Transition t = OnHeartbeat(s, 7, 2, true, kThreeAttempts, "stopped reporting");
-  EXPECT_TRUE(t.stop_worker);
-  EXPECT_EQ(t.stop_attempt, 1);
-  EXPECT_EQ(t.write, WriteKind::kRetry);
+  EXPECT_FALSE(MissedHeartbeat(s, 0, 2));
+  EXPECT_TRUE(MissedHeartbeat(s, 7, 2));  // another attempt is not this one
+  // Lost there: its attempt ends as on_orphan says.
+  EXPECT_EQ(Orphan(s, true, kThreeAttempts, "stopped reporting").write, WriteKind::kRetry);
+  // A job that does not run is not missed.
+  AttemptState claimed = Claimed();
+  EXPECT_FALSE(MissedHeartbeat(claimed, 0, 1));
 }
 
 TEST_F(AttemptTest, TimeoutStopsTheAttemptAndRetriesIt) {
