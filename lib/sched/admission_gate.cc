@@ -55,8 +55,29 @@ void AdmissionGate::PublishTenants(absl::flat_hash_map<std::string, int64_t> act
   tenant_active_ = std::move(active_by_tenant);
 }
 
-absl::Status AdmissionGate::TryAdmit(const std::string& type, const std::string& owner,
-                                     absl::Duration* retry_after) {
+void Reservation::Settle() {
+  if (gate_ == nullptr) return;
+  if (written_) {
+    gate_->Counted(type_, owner_);
+  } else {
+    gate_->Release(type_, owner_);
+  }
+  gate_ = nullptr;
+}
+
+Reservation& Reservation::operator=(Reservation&& other) noexcept {
+  if (this == &other) return *this;
+  Settle();
+  gate_ = std::exchange(other.gate_, nullptr);
+  type_ = std::move(other.type_);
+  owner_ = std::move(other.owner_);
+  written_ = other.written_;
+  return *this;
+}
+
+absl::StatusOr<Reservation> AdmissionGate::TryAdmit(const std::string& type,
+                                                    const std::string& owner,
+                                                    absl::Duration* retry_after) {
   absl::MutexLock l(&mu_);
   const std::string* tenant = LimitedTenantOf(owner);
   if (tenant != nullptr) {
@@ -92,7 +113,7 @@ absl::Status AdmissionGate::TryAdmit(const std::string& type, const std::string&
   ++reserved_;
   ++reserved_by_type_[type];
   if (tenant != nullptr) ++tenant_reserved_[*tenant];
-  return absl::OkStatus();
+  return Reservation(this, type, owner);
 }
 
 void AdmissionGate::Release(const std::string& type, const std::string& owner) {

@@ -6,6 +6,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
@@ -13,17 +14,54 @@
 
 namespace dispatchd::sched {
 
+class AdmissionGate;
+
+// Room one job holds in the AdmissionGate from its admission until the dispatcher counts it.
+// Move-only, and settled exactly once, when it goes out of scope: given back if its row was never
+// written (the insert failed, or it was a duplicate), counted as an active job if it was
+// (Written()): the holder of a written job drops it once the dispatcher holds the job, or at once
+// on a standby (whose counts come from the database).
+//
+//   absl::StatusOr<Reservation> r = gate.TryAdmit(type, owner, &retry_after);
+//   ... insert the row ...
+//   r->Written();
+//   dispatcher.JobQueued(std::move(job), *std::move(r));  // counted when the loop takes it
+class Reservation {
+ public:
+  Reservation() = default;  // holds no room
+  Reservation(Reservation&& other) noexcept { *this = std::move(other); }
+  Reservation& operator=(Reservation&& other) noexcept;
+  Reservation(const Reservation&) = delete;
+  Reservation& operator=(const Reservation&) = delete;
+  ~Reservation() { Settle(); }
+
+  // The job's row is committed: from here on, settling counts the job instead of giving the
+  // room back.
+  void Written() { written_ = true; }
+  bool holds() const { return gate_ != nullptr; }
+
+ private:
+  friend class AdmissionGate;
+  Reservation(AdmissionGate* gate, std::string type, std::string owner)
+      : gate_(gate), type_(std::move(type)), owner_(std::move(owner)) {}
+  void Settle();
+
+  AdmissionGate* gate_ = nullptr;
+  std::string type_;
+  std::string owner_;
+  bool written_ = false;
+};
+
 // Refuses work before anything is written: the `max_active` ceiling (jobs queued, dispatched or
 // running), each tenant's `max_active` (`tenants[i]`) and each type's `max_queue_depth`. A Submit
-// reserves room with TryAdmit before its row is inserted, and the reservation turns into a counted
-// job when the dispatcher takes the job in (Counted), or is given back if nothing was written
-// (Release). The dispatcher reports the jobs it holds with Publish, so concurrent Submits can never
-// overshoot a limit.
+// reserves room with TryAdmit before its row is inserted; the Reservation it gets is its only
+// handle on that room (see Reservation). The dispatcher reports the jobs it holds with Publish,
+// so concurrent Submits can never overshoot a limit.
 //
 // A refusal carries a retry hint: the time the fleet needs, at its recent drain rate, to finish
 // the jobs above the ceiling.
 //
-// Thread-safe.
+// Thread-safe. Outlives every Reservation it hands out.
 class AdmissionGate {
  public:
   explicit AdmissionGate(const config::Config& config);
@@ -35,16 +73,12 @@ class AdmissionGate {
   // the hint on refusal.
   // `owner` is the submitting principal (empty without authentication): its tenant's max_active
   // holds too, "tenants[research].max_active: ...".
-  absl::Status TryAdmit(const std::string& type, const std::string& owner,
-                        absl::Duration* retry_after) ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status TryAdmit(const std::string& type, absl::Duration* retry_after)
+  absl::StatusOr<Reservation> TryAdmit(const std::string& type, const std::string& owner,
+                                       absl::Duration* retry_after) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<Reservation> TryAdmit(const std::string& type, absl::Duration* retry_after)
       ABSL_LOCKS_EXCLUDED(mu_) {
     return TryAdmit(type, "", retry_after);
   }
-  // The reserved job was not written (the insert failed, or it was a duplicate).
-  void Release(const std::string& type, const std::string& owner = "") ABSL_LOCKS_EXCLUDED(mu_);
-  // The dispatcher now holds the reserved job and counts it in Publish.
-  void Counted(const std::string& type, const std::string& owner = "") ABSL_LOCKS_EXCLUDED(mu_);
   // What the dispatcher holds: every active job, and the queued ones per type.
   void Publish(int64_t active, absl::flat_hash_map<std::string, int64_t> queued_by_type)
       ABSL_LOCKS_EXCLUDED(mu_);
@@ -63,6 +97,12 @@ class AdmissionGate {
   absl::Duration RetryAfter(int64_t excess) const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
+  friend class Reservation;
+  // A reservation's job was not written (the insert failed, or it was a duplicate).
+  void Release(const std::string& type, const std::string& owner) ABSL_LOCKS_EXCLUDED(mu_);
+  // A reservation's job was written and the dispatcher holds it (or will load it): counted as
+  // active until the next Publish, which includes it.
+  void Counted(const std::string& type, const std::string& owner) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Duration RetryAfterLocked(int64_t excess) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The tenant of `owner` if it has a max_active, else null.
   const std::string* LimitedTenantOf(const std::string& owner) const

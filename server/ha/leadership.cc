@@ -34,7 +34,9 @@ Leadership::Leadership(const config::Config& config, LeadershipOptions options,
       events_(events),
       admission_(admission),
       tick_(std::min(kTick, config.ha.lease / 8)),
-      interval_(config.ha.lease / 4) {}
+      interval_(config.ha.lease / 4),
+      standby_intake_(std::make_shared<dispatch::StandbyIntake>(store, events)),
+      intake_(standby_intake_) {}
 
 Leadership::~Leadership() { Stop(); }
 
@@ -71,6 +73,11 @@ bool Leadership::Stopping() const {
 std::shared_ptr<dispatch::Dispatcher> Leadership::dispatcher() const {
   absl::MutexLock l(&mu_);
   return dispatcher_;
+}
+
+std::shared_ptr<dispatch::JobIntake> Leadership::intake() const {
+  absl::MutexLock l(&mu_);
+  return intake_;
 }
 
 LeaderInfo Leadership::leader() const {
@@ -302,6 +309,7 @@ void Leadership::Promote(int64_t epoch, absl::Time now) {
     absl::MutexLock l(&mu_);
     if (reloaded_ != reloaded) missed = reloaded_;
     dispatcher_ = d;
+    intake_ = std::make_shared<dispatch::LeaderIntake>(d, *standby_intake_);
     info_ = LeaderInfo{.is_leader = true, .address = address_, .epoch = epoch};
   }
   if (missed != nullptr) d->UpdateConfig(*missed);
@@ -314,6 +322,7 @@ void Leadership::Demote(const std::string& why) {
   {
     absl::MutexLock l(&mu_);
     d = std::move(dispatcher_);
+    intake_ = standby_intake_;
     info_ = LeaderInfo{};  // a standby round reads who leads next
   }
   const int64_t epoch = epoch_;

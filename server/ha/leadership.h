@@ -17,6 +17,7 @@
 #include "lib/util/clock.h"
 #include "server/dispatch/dispatcher.h"
 #include "server/dispatch/job_events.h"
+#include "server/dispatch/job_intake.h"
 #include "server/store/job_store.h"
 #include "server/store/pg_leader_lease.h"
 
@@ -53,7 +54,7 @@ std::string ApplicationName(const std::string& daemon_id);
 //
 //   ha::Leadership leadership(config, {.url = url, .daemon_id = id}, store, clock, events, gate);
 //   DISPATCHD_RETURN_IF_ERROR(leadership.Start("10.0.0.5:7411"));
-//   if (std::shared_ptr<dispatch::Dispatcher> d = leadership.dispatcher()) d->JobQueued(job);
+//   leadership.intake()->Queued(std::move(job), std::move(reservation), notified);
 //
 // Thread-safe. The election runs on a thread of its own.
 class Leadership {
@@ -73,6 +74,9 @@ class Leadership {
 
   // The dispatcher of this daemon's current term; null while it does not lead.
   std::shared_ptr<dispatch::Dispatcher> dispatcher() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Where committed jobs go now: the current term's dispatcher, or the leader through the
+  // database (dispatch::JobIntake). Never null.
+  std::shared_ptr<dispatch::JobIntake> intake() const ABSL_LOCKS_EXCLUDED(mu_);
   LeaderInfo leader() const ABSL_LOCKS_EXCLUDED(mu_);
   // A reloaded config (config::MergeReload): the current dispatcher takes it at once, and every
   // later term starts with it. Its `ha` keys are not reloaded.
@@ -117,6 +121,10 @@ class Leadership {
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::shared_ptr<dispatch::Dispatcher> dispatcher_ ABSL_GUARDED_BY(mu_);
+  // The standby's intake (always there; the leader's falls back on it as its term ends), and the
+  // intake of the moment: the leader's while a dispatcher runs, else the standby's.
+  const std::shared_ptr<dispatch::StandbyIntake> standby_intake_;
+  std::shared_ptr<dispatch::JobIntake> intake_ ABSL_GUARDED_BY(mu_);
   // The config each new term's dispatcher starts with: the last reload's, else `config_`.
   std::shared_ptr<const config::Config> reloaded_ ABSL_GUARDED_BY(mu_);
   LeaderInfo info_ ABSL_GUARDED_BY(mu_);

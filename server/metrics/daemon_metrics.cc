@@ -26,6 +26,11 @@ DaemonMetrics::DaemonMetrics()
           "dispatchd_store_commit_seconds",
           "Time to run and commit one store statement, by op (insert or turn).", {"op"},
           SecondsBuckets())),
+      store_write_errors(registry.AddCounter(
+          "dispatchd_store_write_errors_total",
+          "Dispatcher writes the store failed, by kind (finish, mark, claim, retry, return, "
+          "expire); each goes again after a pause.",
+          {"kind"})),
       queued(registry.AddGauge("dispatchd_jobs_queued",
                                "Jobs waiting to be dispatched (held in memory or paged out).",
                                {"type", "tier", "model"})),

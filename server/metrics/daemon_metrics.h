@@ -23,6 +23,9 @@ struct DaemonMetrics {
   // turn: a dispatcher turn's finishes, marks and claims).
   Family<Histogram>& store_rows;
   Family<Histogram>& store_commit;
+  // Dispatcher writes the store failed (not answered, or refused by a trigger or constraint),
+  // by kind: finish, mark, claim, retry, return, expire.
+  Family<Counter>& store_write_errors;
   // Collected at scrape.
   Family<Gauge>& queued;         // {type, tier, model}
   Family<Gauge>& running;        // {type, tier, model}

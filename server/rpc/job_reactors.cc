@@ -78,7 +78,7 @@ class RunSyncReactor final : public grpc::ServerUnaryReactor {
              const std::string& peer) {
     absl::Duration retry_after = absl::ZeroDuration();
     const v1::JobSpec* spec = &req.spec();
-    absl::StatusOr<std::vector<job::Job>> jobs =
+    absl::StatusOr<JobServiceImpl::Admitted> jobs =
         service.Admit(absl::MakeConstSpan(&spec, 1), caller, peer, "", &retry_after);
     if (!jobs.ok()) {
       absl::MutexLock l(&mu_);

@@ -70,7 +70,7 @@ std::string RetryAfterMillis(absl::Duration retry_after) {
   return absl::StrCat(std::max<int64_t>(0, ms));
 }
 
-absl::StatusOr<std::vector<job::Job>> JobServiceImpl::Admit(
+absl::StatusOr<JobServiceImpl::Admitted> JobServiceImpl::Admit(
     absl::Span<const v1::JobSpec* const> specs, const auth::Principal& caller,
     const std::string& peer, absl::string_view field_prefix, absl::Duration* retry_after) {
   std::vector<job::Job> jobs;
@@ -104,12 +104,18 @@ absl::StatusOr<std::vector<job::Job>> JobServiceImpl::Admit(
         .Inc(static_cast<double>(jobs.size()));
     return s;
   }
-  // Reserve room for every job before anything is written; all or none. From here on each
-  // reservation is settled exactly once, by Settle.
+  // Reserve room for every job before anything is written; all or none (the reservations taken
+  // go back when a later one is refused and they go out of scope).
   sched::AdmissionGate& gate = leadership_.admission();
+  std::vector<sched::Reservation> reservations;
+  reservations.reserve(jobs.size());
   for (size_t i = 0; i < jobs.size(); ++i) {
-    if (absl::Status admitted = gate.TryAdmit(jobs[i].spec.type, jobs[i].owner, retry_after);
-        !admitted.ok()) {
+    absl::StatusOr<sched::Reservation> reserved =
+        gate.TryAdmit(jobs[i].spec.type, jobs[i].owner, retry_after);
+    if (reserved.ok()) {
+      reservations.push_back(*std::move(reserved));
+    } else {
+      const absl::Status& admitted = reserved.status();
       // The gate's message starts with the limit that refused: max_active, max_queue_depth or
       // tenants[name].max_active (counted as tenant_max_active).
       const absl::string_view message = admitted.message();
@@ -121,7 +127,6 @@ absl::StatusOr<std::vector<job::Job>> JobServiceImpl::Admit(
           .Inc(static_cast<double>(jobs.size()));
       server::Log("grpc")->debug("refused type={} key={}: {}", jobs[i].spec.type,
                                  jobs[i].spec.fairness_key, admitted.message());
-      for (size_t j = 0; j < i; ++j) gate.Release(jobs[j].spec.type, jobs[j].owner);
       return admitted;
     }
   }
@@ -131,49 +136,42 @@ absl::StatusOr<std::vector<job::Job>> JobServiceImpl::Admit(
   for (const auto& [type, n] : admitted) {
     metrics::Metrics().admitted.With({type}).Inc(static_cast<double>(n));
   }
-  return jobs;
+  return Admitted{.jobs = std::move(jobs), .reservations = std::move(reservations)};
 }
 
-void JobServiceImpl::Enqueue(std::vector<job::Job> jobs, EnqueueDone done) {
+void JobServiceImpl::Enqueue(Admitted admitted, EnqueueDone done) {
   // A standby tells the leader of its rows in the insert's own statement; a leader hands them to
-  // its dispatcher below, once they are committed.
-  const bool notify_leader = leadership_.dispatcher() == nullptr;
+  // its dispatcher, once they are committed.
+  std::shared_ptr<dispatch::JobIntake> intake = leadership_.intake();
+  const bool notify_leader = intake->NotifiesOnInsert();
+  std::vector<sched::Reservation> reservations = std::move(admitted.reservations);
   inserter_.Insert(
-      std::move(jobs), notify_leader,
-      [this, notify_leader, done = std::move(done)](
+      std::move(admitted.jobs), notify_leader,
+      [this, notify_leader, reservations = std::move(reservations), done = std::move(done)](
           std::vector<job::Job> jobs,
           absl::StatusOr<std::vector<store::InsertOutcome>> outcomes) mutable {
-        Settle(jobs, outcomes, notify_leader);
+        Admitted written{.jobs = std::move(jobs), .reservations = std::move(reservations)};
+        // The intake of the moment: leadership may have changed while the rows were written.
+        Settle(written, outcomes, *leadership_.intake(), notify_leader);
         std::move(done)(std::move(outcomes));
       });
 }
 
-void JobServiceImpl::Settle(std::vector<job::Job>& jobs,
+void JobServiceImpl::Settle(Admitted& admitted,
                             const absl::StatusOr<std::vector<store::InsertOutcome>>& outcomes,
-                            bool notified) {
-  sched::AdmissionGate& gate = leadership_.admission();
-  std::shared_ptr<dispatch::Dispatcher> d = leadership_.dispatcher();
-  for (size_t i = 0; i < jobs.size(); ++i) {
-    job::Job& job = jobs[i];
+                            dispatch::JobIntake& intake, bool notified) {
+  for (size_t i = 0; i < admitted.jobs.size(); ++i) {
+    job::Job& job = admitted.jobs[i];
+    sched::Reservation& reservation = admitted.reservations[i];
     if (!outcomes.ok() || (*outcomes)[i].deduplicated) {
-      gate.Release(job.spec.type, job.owner);
+      reservation = sched::Reservation();  // nothing written: the room goes back
       continue;
     }
     job.seq = (*outcomes)[i].seq;
     server::Log("grpc")->debug("queued job={} type={} key={}", job.id, job.spec.type,
                                job.spec.fairness_key);
-    if (d != nullptr) {
-      d->JobQueued(std::move(job));
-      continue;
-    }
-    // A standby: the leader learns of the row from the database (now, or at its next recount).
-    gate.Counted(job.spec.type, job.owner);
-    if (notified) continue;
-    // Leadership was lost while the row was being written: tell whoever leads now.
-    if (absl::Status told = store_.NotifyChanged(job.id); !told.ok()) {
-      server::Log("grpc")->warn("could not notify the leader of job={}: {}", job.id,
-                                told.message());
-    }
+    reservation.Written();
+    intake.Queued(std::move(job), std::move(reservation), notified);
   }
 }
 
@@ -181,8 +179,7 @@ void JobServiceImpl::Queue(grpc::CallbackServerContext* ctx, const auth::Princip
                            absl::Span<const v1::JobSpec* const> specs,
                            absl::string_view field_prefix, Answer answer, Reply reply) {
   absl::Duration retry_after = absl::ZeroDuration();
-  absl::StatusOr<std::vector<job::Job>> jobs =
-      Admit(specs, caller, ctx->peer(), field_prefix, &retry_after);
+  absl::StatusOr<Admitted> jobs = Admit(specs, caller, ctx->peer(), field_prefix, &retry_after);
   if (!jobs.ok()) {
     if (absl::IsResourceExhausted(jobs.status())) {
       ctx->AddTrailingMetadata(kRetryAfterTrailer, RetryAfterMillis(retry_after));
@@ -284,11 +281,10 @@ grpc::ServerUnaryReactor* JobServiceImpl::Status(grpc::CallbackServerContext* ct
 }
 
 void JobServiceImpl::AddWaitInfo(const job::Job& row, v1::Job* job) {
-  std::shared_ptr<dispatch::Dispatcher> d = leadership_.dispatcher();
-  if (d == nullptr) return;  // only the leader's scheduler knows
   bool paged_out = false;
-  std::optional<sched::WaitInfo> info = d->WhyWaiting(row, &paged_out);
-  if (!info.has_value()) return;  // the row is QUEUED but the daemon does not hold it (a race)
+  // Only the leader's scheduler knows; a standby's intake says nothing.
+  std::optional<sched::WaitInfo> info = leadership_.intake()->WhyWaiting(row, &paged_out);
+  if (!info.has_value()) return;  // a standby, or a QUEUED row not held here (a race)
   if (paged_out) {
     // It waits in the database behind its queue's window: count the rows ahead of it.
     absl::StatusOr<int64_t> ahead =
@@ -349,15 +345,7 @@ void JobServiceImpl::CancelAs(const auth::Principal& caller,
     }
     if (outcome.ok()) {
       dispatch::LogFinished(outcome->job.id, JobState::kCancelled, outcome->job.attempt);
-      if (std::shared_ptr<dispatch::Dispatcher> d = leadership_.dispatcher()) {
-        d->JobCancelled(outcome->job.id, outcome->previous);
-      } else {
-        if (absl::Status told = store_.NotifyChanged(outcome->job.id); !told.ok()) {
-          server::Log("grpc")->warn("could not notify the leader of job={}: {}", outcome->job.id,
-                                    told.message());
-        }
-        events_.Publish(outcome->job.id, JobState::kCancelled);
-      }
+      leadership_.intake()->Cancelled(outcome->job.id, outcome->previous);
       convert::ToProto(outcome->job, resp->mutable_job());
     }
     status = outcome.status();

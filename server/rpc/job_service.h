@@ -80,18 +80,20 @@ class JobServiceImpl final : public RawJobService {
   // RESOURCE_EXHAUSTED naming the limit, with the hint in `retry_after`. Nothing is written.
   // The jobs belong to `caller`, and queue under the fairness key it may choose (see
   // auth::FairnessKeyFor); with no key, under its address `peer`.
-  absl::StatusOr<std::vector<job::Job>> Admit(absl::Span<const v1::JobSpec* const> specs,
-                                              const auth::Principal& caller,
-                                              const std::string& peer,
-                                              absl::string_view field_prefix,
-                                              absl::Duration* retry_after);
+  struct Admitted {
+    std::vector<job::Job> jobs;
+    std::vector<sched::Reservation> reservations;  // one per job, in order
+  };
+  absl::StatusOr<Admitted> Admit(absl::Span<const v1::JobSpec* const> specs,
+                                 const auth::Principal& caller, const std::string& peer,
+                                 absl::string_view field_prefix, absl::Duration* retry_after);
   // Enqueue writes admitted jobs through the group inserter, all or none, and runs `done` (on an
-  // inserter thread) once they are committed or have failed. Each reservation is settled exactly
-  // once first: released if no row was written (an error or a duplicate), else counted by the
-  // dispatcher.
+  // inserter thread) once they are committed or have failed. Each reservation is settled first:
+  // given back if no row was written (an error or a duplicate), else handed with its job to the
+  // intake of the moment (dispatch::JobIntake).
   using EnqueueDone =
       absl::AnyInvocable<void(absl::StatusOr<std::vector<store::InsertOutcome>>) &&>;
-  void Enqueue(std::vector<job::Job> jobs, EnqueueDone done);
+  void Enqueue(Admitted admitted, EnqueueDone done);
 
   // Most jobs in one SubmitBatch.
   static constexpr int kMaxBatchSpecs = 10000;
@@ -109,9 +111,9 @@ class JobServiceImpl final : public RawJobService {
   // Cancel's work, on the executor.
   void CancelAs(const auth::Principal& caller,
                 UnaryCall<v1::CancelRequest, v1::CancelResponse>* call);
-  // Settles the admission reservations of `jobs` after their insert; see Enqueue.
-  void Settle(std::vector<job::Job>& jobs,
-              const absl::StatusOr<std::vector<store::InsertOutcome>>& outcomes, bool notified);
+  // Hands each job that was written, with its reservation, to `intake`; see Enqueue.
+  void Settle(Admitted& admitted, const absl::StatusOr<std::vector<store::InsertOutcome>>& outcomes,
+              dispatch::JobIntake& intake, bool notified);
 
   const config::LiveConfig& config_;  // types as of the last reload
   const auth::Gate& gate_;

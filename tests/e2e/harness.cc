@@ -19,6 +19,7 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include <fcntl.h>
+#include <httplib.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
@@ -250,6 +251,23 @@ std::string Daemon::MetricsAddress() {
       },
       absl::Seconds(10));
   return address;
+}
+
+double Daemon::Metric(const std::string& series) {
+  const std::string address = MetricsAddress();
+  const size_t colon = address.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port)) return -1;
+  httplib::Client client(address.substr(0, colon), port);
+  httplib::Result r = client.Get("/metrics");
+  if (!r || r->status != 200) return -1;
+  for (absl::string_view line : absl::StrSplit(r->body, '\n')) {
+    if (absl::ConsumePrefix(&line, series) && absl::ConsumePrefix(&line, " ")) {
+      double v = 0;
+      return absl::SimpleAtod(line, &v) ? v : -1;
+    }
+  }
+  return -1;
 }
 
 absl::Status Daemon::Launch() {

@@ -152,6 +152,10 @@ class Daemon {
   // host:port of its Prometheus endpoint (the harness asks for any free port), read from its
   // log; empty if it has not logged one within 10 s.
   std::string MetricsAddress();
+  // The value of the sample named exactly `series` (name and labels as rendered, e.g.
+  // `dispatchd_store_write_errors_total{kind="mark"}`) on its /metrics page now, or -1 if the
+  // page or the sample is missing.
+  double Metric(const std::string& series);
 
   // Runs dispatchctl against this daemon.
   CommandResult Ctl(std::vector<std::string> args, absl::Duration timeout = absl::Seconds(60));

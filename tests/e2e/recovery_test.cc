@@ -245,7 +245,7 @@ CREATE TRIGGER refuse_running BEFORE UPDATE ON jobs_active FOR EACH ROW
   ASSERT_EQ(a1->attempt(), 1);
   w.SendAccept(*id, 1);
   ASSERT_TRUE(
-      WaitFor([&] { return absl::StrContains(d->process().Log(), "marks=1 claims=0 status="); },
+      WaitFor([&] { return d->Metric(R"(dispatchd_store_write_errors_total{kind="mark"})") >= 1; },
               absl::Seconds(10)));
   absl::StatusOr<v1::Job> mid = d->Status(*id);
   ASSERT_TRUE(mid.ok());

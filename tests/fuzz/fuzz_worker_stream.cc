@@ -262,9 +262,14 @@ class Harness {
     int quiet = 0;
     for (int i = 0; i < 64 && quiet < 3; ++i) {
       const int64_t calls = store_.calls();
+      const int64_t turns = dispatcher_.turns_answered();
       const size_t sent = link_->sent_count();
       dispatcher_.Workers();
-      quiet = store_.calls() == calls && link_->sent_count() == sent ? quiet + 1 : 0;
+      // Quiet: no store call began, no turn came back and nothing was sent in a loop turn.
+      quiet = store_.calls() == calls && dispatcher_.turns_answered() == turns &&
+                      link_->sent_count() == sent
+                  ? quiet + 1
+                  : 0;
     }
     CollectAssignments();
   }
@@ -346,16 +351,16 @@ class Harness {
     const std::string id = absl::StrCat("s", ++submitted_);
     dispatchd::job::Job job = NewJob(id, submitted_ % 2 ? "echo" : "llm.generate", "team-c");
     absl::Duration retry_after;
-    if (!gate_.TryAdmit(job.spec.type, &retry_after).ok()) return;
-    if (!store_.Insert(job).ok()) {
-      gate_.Release(job.spec.type);
-      return;
-    }
+    absl::StatusOr<dispatchd::sched::Reservation> reserved =
+        gate_.TryAdmit(job.spec.type, &retry_after);
+    if (!reserved.ok()) return;
+    if (!store_.Insert(job).ok()) return;  // the reservation goes back
+    reserved->Written();
     max_attempts_[id] = job.spec.max_attempts;
     absl::StatusOr<dispatchd::job::Job> row = store_.Get(id);
     if (!row.ok()) row = store_.Get(id);  // a planned failure takes one call only
     DISPATCHD_CHECK(row.ok(), "the store lost a job it inserted");
-    dispatcher_.JobQueued(*std::move(row));
+    DISPATCHD_CHECK(dispatcher_.JobQueued(*row, *reserved), "the dispatcher stopped early");
   }
 
   // What must hold once the dispatcher has stopped, whatever the worker said.

@@ -1,0 +1,400 @@
+// The dispatcher against an in-memory store (tests/testing/fake_job_store.h) and a fake clock:
+// what a worker, a client and the database can do to a job around one stream, without
+// PostgreSQL. Each test waits on what a user would see (a message on the worker's stream, a row
+// in the store) with a deadline, never on a sleep.
+
+#include "server/dispatch/dispatcher.h"
+
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+
+#include "lib/sched/admission.h"
+#include "lib/sched/admission_gate.h"
+#include "server/config/yaml_config.h"
+#include "tests/testing/fake_clock.h"
+#include "tests/testing/fake_job_store.h"
+
+namespace dispatchd::dispatch {
+namespace {
+
+using job::JobState;
+
+constexpr char kConfig[] = R"(
+state_dir: /tmp
+heartbeat_interval: 5s
+worker_stale_after: 15s
+orphan_grace: 30s
+types:
+  - name: echo
+    max_attempts: 3
+    timeout: 60s
+    retry_backoff: 1s
+    max_backoff: 1s
+)";
+
+config::Config TestConfig() {
+  absl::StatusOr<config::Config> c = server::ParseConfig(kConfig, "dispatcher_test");
+  EXPECT_TRUE(c.ok()) << c.status();
+  return *c;
+}
+
+// Polls `done` until it holds or five seconds pass (real time: the dispatcher's loop and writer
+// run on threads of their own).
+template <typename F>
+bool Eventually(F done) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (!done()) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return true;
+}
+
+// The daemon's end of a worker stream: records what the dispatcher sends.
+class Link final : public WorkerLink {
+ public:
+  void Send(v1::DaemonMessage msg) override {
+    absl::MutexLock l(&mu_);
+    sent_.push_back(std::move(msg));
+  }
+  void Close(const absl::Status& status) override {
+    absl::MutexLock l(&mu_);
+    closed_ = true;
+    status_ = status;
+  }
+  std::string peer() const override { return "ipv4:127.0.0.1:40000"; }
+
+  // The assignments sent so far, in order.
+  std::vector<v1::Assignment> Assignments() const {
+    absl::MutexLock l(&mu_);
+    std::vector<v1::Assignment> out;
+    for (const v1::DaemonMessage& m : sent_) {
+      for (const v1::Assignment& a : m.assign().assignments()) out.push_back(a);
+    }
+    return out;
+  }
+  // The results acknowledged so far, as (job, attempt).
+  std::vector<std::pair<std::string, int32_t>> Acks() const {
+    absl::MutexLock l(&mu_);
+    std::vector<std::pair<std::string, int32_t>> out;
+    for (const v1::DaemonMessage& m : sent_) {
+      for (const v1::ResultAck& a : m.result_acks().acks())
+        out.emplace_back(a.job_id(), a.attempt());
+      if (m.has_result_ack()) out.emplace_back(m.result_ack().job_id(), m.result_ack().attempt());
+    }
+    return out;
+  }
+  bool Acked(const std::string& job_id, int32_t attempt) const {
+    for (const auto& a : Acks()) {
+      if (a == std::pair{job_id, attempt}) return true;
+    }
+    return false;
+  }
+  // The cancels sent so far, as (job, attempt).
+  std::vector<std::pair<std::string, int32_t>> Cancels() const {
+    absl::MutexLock l(&mu_);
+    std::vector<std::pair<std::string, int32_t>> out;
+    for (const v1::DaemonMessage& m : sent_) {
+      if (m.has_cancel()) out.emplace_back(m.cancel().job_id(), m.cancel().attempt());
+    }
+    return out;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::vector<v1::DaemonMessage> sent_ ABSL_GUARDED_BY(mu_);
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+};
+
+class DispatcherTest : public ::testing::Test {
+ protected:
+  DispatcherTest() : config_(TestConfig()), gate_(config_) {}
+  ~DispatcherTest() override {
+    if (dispatcher_ != nullptr) dispatcher_->Stop();
+  }
+
+  // Stores a QUEUED echo job.
+  void Submit(const std::string& id) {
+    job::JobSpec spec;
+    spec.type = "echo";
+    spec.payload = "payload of " + id;
+    absl::StatusOr<job::JobSpec> resolved = sched::ResolveSpec(config_, std::move(spec));
+    ASSERT_TRUE(resolved.ok()) << resolved.status();
+    job::Job job;
+    job.id = id;
+    job.spec = *std::move(resolved);
+    ASSERT_TRUE(store_.Insert(job).ok());
+  }
+
+  void Start() {
+    dispatcher_ = std::make_unique<Dispatcher>(config_, store_, clock_, events_, gate_);
+    ASSERT_TRUE(dispatcher_->Start().ok());
+  }
+
+  // A worker of echo with `slots` slots says Hello on a new stream.
+  std::shared_ptr<Link> Connect(const std::string& worker_id, int slots = 4) {
+    auto link = std::make_shared<Link>();
+    v1::Hello hello;
+    hello.set_worker_id(worker_id);
+    hello.add_types("echo");
+    hello.set_slots(slots);
+    hello.set_batching(true);
+    dispatcher_->WorkerConnected(link, hello);
+    return link;
+  }
+
+  void Send(const std::shared_ptr<Link>& link, v1::WorkerMessage msg) {
+    dispatcher_->WorkerMessage(link, std::move(msg));
+  }
+  void Accept(const std::shared_ptr<Link>& link, const std::string& job_id, int32_t attempt) {
+    v1::WorkerMessage m;
+    m.mutable_accept()->set_job_id(job_id);
+    m.mutable_accept()->set_attempt(attempt);
+    Send(link, std::move(m));
+  }
+  void Succeed(const std::shared_ptr<Link>& link, const std::string& job_id, int32_t attempt) {
+    v1::WorkerMessage m;
+    m.mutable_result()->set_job_id(job_id);
+    m.mutable_result()->set_attempt(attempt);
+    m.mutable_result()->set_output("out of " + job_id);
+    m.mutable_result()->mutable_run_time()->set_seconds(2);
+    Send(link, std::move(m));
+  }
+  void Fail(const std::shared_ptr<Link>& link, const std::string& job_id, int32_t attempt) {
+    v1::WorkerMessage m;
+    m.mutable_result()->set_job_id(job_id);
+    m.mutable_result()->set_attempt(attempt);
+    m.mutable_result()->mutable_failure()->set_message("out of memory");
+    m.mutable_result()->mutable_failure()->set_retryable(true);
+    Send(link, std::move(m));
+  }
+  void Heartbeat(const std::shared_ptr<Link>& link,
+                 const std::vector<std::pair<std::string, int32_t>>& held = {}) {
+    v1::WorkerMessage m;
+    for (const auto& [id, attempt] : held) {
+      v1::HeldJob* h = m.mutable_heartbeat()->add_running_jobs();
+      h->set_job_id(id);
+      h->set_attempt(attempt);
+    }
+    m.mutable_heartbeat();
+    Send(link, std::move(m));
+  }
+
+  // The job's row as the store has it.
+  job::Job Row(const std::string& id) {
+    absl::StatusOr<job::Job> row = store_.Get(id);
+    EXPECT_TRUE(row.ok()) << row.status();
+    return row.ok() ? *row : job::Job{};
+  }
+  bool RowIs(const std::string& id, JobState state, int32_t attempt) {
+    absl::StatusOr<job::Job> row = store_.Get(id);
+    return row.ok() && row->state == state && row->attempt == attempt;
+  }
+  bool Assigned(const std::shared_ptr<Link>& link, const std::string& id, int32_t attempt) {
+    for (const v1::Assignment& a : link->Assignments()) {
+      if (a.job_id() == id && a.attempt() == attempt) return true;
+    }
+    return false;
+  }
+  // Waits until the store has answered `n` more turns than `before` and the loop has applied
+  // them and sent what they release (acks, assignments).
+  bool TurnsAnswered(int64_t before, int64_t n = 1) {
+    if (!Eventually([&] { return dispatcher_->turns_answered() >= before + n; })) return false;
+    dispatcher_->Workers();  // the loop turn that applied them has flushed its messages
+    return true;
+  }
+  // Moves the clock on by `d`, a second at a time, with a heartbeat from `link` each second so
+  // that its worker stays connected, and lets the loop sweep after each step.
+  void Pass(absl::Duration d, const std::shared_ptr<Link>& link,
+            const std::vector<std::pair<std::string, int32_t>>& held = {}) {
+    for (absl::Duration gone; gone < d; gone += absl::Seconds(1)) {
+      clock_.Advance(absl::Seconds(1));
+      if (link != nullptr) Heartbeat(link, held);
+      dispatcher_->Workers();  // a loop turn ...
+      dispatcher_->Workers();  // ... and the sweep after it
+    }
+  }
+
+  config::Config config_;
+  testing::FakeClock clock_;
+  testing::FakeJobStore store_{&clock_};
+  JobEvents events_;
+  sched::AdmissionGate gate_;
+  std::unique_ptr<Dispatcher> dispatcher_;
+};
+
+TEST_F(DispatcherTest, AJobRunsAndItsResultIsAcknowledgedOnceDurable) {
+  Submit("j1");
+  Start();
+  auto w1 = Connect("w1");
+  ASSERT_TRUE(Eventually([&] { return Assigned(w1, "j1", 1); }));
+  EXPECT_EQ(w1->Assignments()[0].payload(), "payload of j1");
+  EXPECT_TRUE(RowIs("j1", JobState::kDispatched, 0));
+  Accept(w1, "j1", 1);
+  Succeed(w1, "j1", 1);
+  ASSERT_TRUE(Eventually([&] { return w1->Acked("j1", 1); }));
+  const job::Job row = Row("j1");
+  EXPECT_EQ(row.state, JobState::kSucceeded);
+  EXPECT_EQ(row.attempt, 1);
+  EXPECT_EQ(row.result, "out of j1");
+  // Its RUNNING mark was never written (the result came first): it started when it ran from.
+  EXPECT_EQ(row.finished_at - row.started_at, absl::Seconds(2));
+  EXPECT_EQ(store_.misuses(), 0);
+}
+
+TEST_F(DispatcherTest, AWriteTheDatabaseRefusesGoesAgainAfterThePause) {
+  Submit("j1");
+  Start();
+  auto w1 = Connect("w1");
+  ASSERT_TRUE(Eventually([&] { return Assigned(w1, "j1", 1); }));
+  store_.FailNext("WriteTurn", absl::UnavailableError("database restarting"));
+  const int64_t before = dispatcher_->turns_answered();
+  Accept(w1, "j1", 1);
+  Succeed(w1, "j1", 1);
+  ASSERT_TRUE(TurnsAnswered(before));
+  // Not durable, so not acknowledged: the worker keeps the result.
+  EXPECT_FALSE(w1->Acked("j1", 1));
+  EXPECT_TRUE(RowIs("j1", JobState::kDispatched, 0));
+  // After the pause the same write goes again, and lands.
+  Pass(absl::Seconds(1), w1, {{"j1", 1}});
+  ASSERT_TRUE(Eventually([&] { return w1->Acked("j1", 1); }));
+  EXPECT_TRUE(RowIs("j1", JobState::kSucceeded, 1));
+  EXPECT_EQ(Row("j1").result, "out of j1");
+}
+
+TEST_F(DispatcherTest, AStreamThatBreaksBeforeAcceptGivesTheJobBackWithNoAttemptUsed) {
+  Submit("j1");
+  Start();
+  auto w1 = Connect("w1");
+  ASSERT_TRUE(Eventually([&] { return Assigned(w1, "j1", 1); }));
+  dispatcher_->WorkerDisconnected(w1);
+  dispatcher_->Workers();  // the loop has seen the stream end, at this time
+  // The worker may come back for its jobs; once it is stale they go back to the queue.
+  auto w2 = Connect("w2");
+  Pass(absl::Seconds(16), w2);
+  ASSERT_TRUE(Eventually([&] { return Assigned(w2, "j1", 1); }));
+  EXPECT_EQ(Row("j1").worker_id, "w2");
+  EXPECT_EQ(Row("j1").attempt, 0);
+}
+
+TEST_F(DispatcherTest, AResultForAnOldAttemptIsAcknowledgedAndChangesNothing) {
+  Submit("j1");
+  Start();
+  auto w1 = Connect("w1");
+  ASSERT_TRUE(Eventually([&] { return Assigned(w1, "j1", 1); }));
+  Accept(w1, "j1", 1);
+  Fail(w1, "j1", 1);  // retryable: attempt 2 after the backoff
+  ASSERT_TRUE(Eventually([&] { return RowIs("j1", JobState::kQueued, 1); }));
+  EXPECT_EQ(Row("j1").error, "out of memory");
+  Pass(absl::Seconds(2), w1);
+  ASSERT_TRUE(Eventually([&] { return Assigned(w1, "j1", 2); }));
+  Accept(w1, "j1", 2);
+  // A late success of attempt 1: the worker may forget it; the row stays with attempt 2.
+  Succeed(w1, "j1", 1);
+  ASSERT_TRUE(Eventually([&] {
+    const auto acks = w1->Acks();
+    return std::count(acks.begin(), acks.end(), std::pair<std::string, int32_t>{"j1", 1}) == 2;
+  }));
+  EXPECT_EQ(Row("j1").attempt, 1);  // DISPATCHED at 1 (or RUNNING at 2 once marked): not ended
+  EXPECT_FALSE(job::IsTerminal(Row("j1").state));
+  Succeed(w1, "j1", 2);
+  ASSERT_TRUE(Eventually([&] { return RowIs("j1", JobState::kSucceeded, 2); }));
+}
+
+TEST_F(DispatcherTest, AReconcileHoldsAStrayRowAndGivesItBackAfterTheGrace) {
+  Start();
+  auto w1 = Connect("w1");
+  // A row placed behind the dispatcher's back, on a worker that never connects.
+  Submit("stray");
+  ASSERT_TRUE(store_.Claim({{.job_id = "stray", .attempt = 0, .worker_id = "ghost"}}).ok());
+  Pass(absl::Seconds(16), w1);  // past the reconcile interval and the settle time
+  ASSERT_TRUE(Eventually([&] { return dispatcher_->repairs() == 1; }));
+  EXPECT_TRUE(RowIs("stray", JobState::kDispatched, 0));  // its worker may still come back
+  Pass(absl::Seconds(31), w1);                            // it does not
+  ASSERT_TRUE(Eventually([&] { return Assigned(w1, "stray", 1); }));
+  EXPECT_EQ(Row("stray").worker_id, "w1");
+}
+
+TEST_F(DispatcherTest, AFailoverMidTurnWritesNothingAndAcknowledgesNothing) {
+  Submit("j1");
+  Start();
+  auto w1 = Connect("w1");
+  ASSERT_TRUE(Eventually([&] { return Assigned(w1, "j1", 1); }));
+  store_.StallNext("WriteTurn");
+  const int64_t before = dispatcher_->turns_answered();
+  Accept(w1, "j1", 1);
+  Succeed(w1, "j1", 1);
+  ASSERT_TRUE(store_.AwaitStalled(absl::Seconds(5)));
+  store_.SetLeaderEpoch(1);  // another daemon wins the lease while the turn is in the database
+  store_.Release();
+  ASSERT_TRUE(TurnsAnswered(before));
+  EXPECT_FALSE(w1->Acked("j1", 1));  // the worker keeps its result for the next leader
+  EXPECT_TRUE(RowIs("j1", JobState::kDispatched, 0));
+  // Nothing this term writes lands from now on.
+  Pass(absl::Seconds(3), w1, {{"j1", 1}});
+  EXPECT_FALSE(w1->Acked("j1", 1));
+  EXPECT_TRUE(RowIs("j1", JobState::kDispatched, 0));
+  EXPECT_EQ(store_.misuses(), 0);
+}
+
+TEST_F(DispatcherTest, AWorkerLostWhileItsClaimIsWrittenDoesNotKeepTheJob) {
+  Submit("j1");
+  Start();
+  store_.StallNext("WriteTurn");
+  auto w1 = Connect("w1");
+  ASSERT_TRUE(store_.AwaitStalled(absl::Seconds(5)));  // the claim of j1 for w1
+  dispatcher_->WorkerDisconnected(w1);
+  dispatcher_->Workers();  // the loop has seen the stream end, at this time
+  auto w2 = Connect("w2");
+  Pass(absl::Seconds(16), w2);  // w1 is lost meanwhile
+  store_.Release();
+  ASSERT_TRUE(Eventually([&] { return Assigned(w2, "j1", 1); }));
+  EXPECT_TRUE(w1->Assignments().empty());
+  EXPECT_EQ(Row("j1").worker_id, "w2");
+}
+
+TEST_F(DispatcherTest, ACancelWhileTheResultIsWrittenLetsTheWorkerForgetIt) {
+  Submit("j1");
+  Start();
+  auto w1 = Connect("w1");
+  ASSERT_TRUE(Eventually([&] { return Assigned(w1, "j1", 1); }));
+  Accept(w1, "j1", 1);
+  store_.StallNext("WriteTurn");
+  Succeed(w1, "j1", 1);
+  ASSERT_TRUE(store_.AwaitStalled(absl::Seconds(5)));
+  absl::StatusOr<store::CancelOutcome> c = store_.Cancel("j1", "client cancelled");
+  ASSERT_TRUE(c.ok());
+  dispatcher_->JobCancelled("j1", c->previous);
+  // The worker may forget its result: it is moot.
+  ASSERT_TRUE(Eventually([&] { return w1->Acked("j1", 1); }));
+  store_.Release();
+  EXPECT_TRUE(Eventually([&] { return RowIs("j1", JobState::kCancelled, 0); }));
+  EXPECT_EQ(store_.misuses(), 0);
+}
+
+TEST_F(DispatcherTest, TwoMissedHeartbeatsRequeueTheJob) {
+  Submit("j1");
+  Start();
+  auto w1 = Connect("w1");
+  ASSERT_TRUE(Eventually([&] { return Assigned(w1, "j1", 1); }));
+  Accept(w1, "j1", 1);
+  Heartbeat(w1);  // without j1
+  Heartbeat(w1);
+  ASSERT_TRUE(Eventually([&] { return RowIs("j1", JobState::kQueued, 1); }));
+  EXPECT_EQ(Row("j1").error, "interrupted: worker w1 stopped reporting it");
+  const auto cancels = w1->Cancels();
+  EXPECT_NE(std::find(cancels.begin(), cancels.end(), std::pair<std::string, int32_t>{"j1", 1}),
+            cancels.end());
+  EXPECT_EQ(dispatcher_->repairs(), 1);
+}
+
+}  // namespace
+}  // namespace dispatchd::dispatch
