@@ -50,15 +50,8 @@ absl::Status Dispatcher::Start() {
     server::Log("dispatch")
         ->warn("fair-share accounts not loaded, shares start afresh: {}", rows.status().ToString());
   }
-  for (job::Job& job : *placed) {
-    // Dispatched or running under the previous daemon: its worker may still hold it.
-    scheduler_.Adopt(ToPlaced(job, job.worker_id));
-    Held h{.at = job::AttemptState::Of(job)};
-    h.at.orphan_deadline = now + config_.orphan_grace;
-    h.job = std::move(job);
-    std::string id = h.job.id;
-    jobs_.emplace(std::move(id), std::move(h));
-  }
+  // Dispatched or running under the previous daemon: its worker may still hold it.
+  for (job::Job& job : *placed) HoldPlaced(std::move(job), now);
   // Each queue's first rows; a queue with more gets a window over the rest.
   absl::flat_hash_map<QueueId, std::pair<int64_t, int64_t>> loaded;  // rows, last seq
   for (job::Job& job : heads->jobs) {
@@ -137,6 +130,15 @@ void Dispatcher::TakeQueued(job::Job job, sched::Reservation reservation) {
   if (jobs_.contains(job.id)) return;
   if (!pager_.Hold(job, scheduler_.queued_of(job.spec.type, job.spec.fairness_key))) return;
   Keep(std::move(job));
+}
+
+void Dispatcher::HoldPlaced(job::Job row, absl::Time now) {
+  scheduler_.Adopt(ToPlaced(row, row.worker_id));
+  Held h{.at = job::AttemptState::Of(row)};
+  h.at.orphan_deadline = now + config_.orphan_grace;
+  h.job = std::move(row);
+  std::string id = h.job.id;
+  jobs_.emplace(std::move(id), std::move(h));
 }
 
 void Dispatcher::Keep(job::Job row) {

@@ -186,6 +186,9 @@ class Dispatcher {
   void TakeQueued(job::Job job, sched::Reservation reservation);
   // Holds a QUEUED row: into jobs_ and the scheduler, without its payload.
   void Keep(job::Job row);
+  // Holds a DISPATCHED or RUNNING row whose worker may still run it (after a restart, or found
+  // by the reconcile): placed on that worker for orphan_grace, then orphaned unless it re-attaches.
+  void HoldPlaced(job::Job row, absl::Time now);
   // Reads the next rows of queues whose window ran below half full (QueuePager).
   void Refill(absl::Time now);
   void ApplyPage(const QueuePager::Page& page, absl::StatusOr<std::vector<job::Job>> rows);

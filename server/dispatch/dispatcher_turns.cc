@@ -326,12 +326,7 @@ void Dispatcher::ApplyReconcile(ReconcileReads reads) {
             row.id, job::ToString(row.state), row.worker_id,
             absl::FormatDuration(config_.orphan_grace));
     ++repairs_;
-    scheduler_.Adopt(ToPlaced(row, row.worker_id));
-    Held h{.at = job::AttemptState::Of(row)};
-    h.at.orphan_deadline = now + config_.orphan_grace;
-    h.job = std::move(row);
-    std::string id = h.job.id;
-    jobs_.emplace(std::move(id), std::move(h));
+    HoldPlaced(std::move(row), now);
   }
   // A job held here that ended in the database: dropped.
   auto ended = [&](const store::JobRef& r, const char* what) {
