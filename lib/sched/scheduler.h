@@ -443,6 +443,8 @@ class Scheduler {
   void Occupy(Job& job, const std::string& worker_id);
   // Puts a placed job on its worker: slot, VRAM in use, resident model.
   void Attach(Job& job, WorkerState& worker);
+  // Takes a placed job off its worker: slot and VRAM in use (the model stays resident).
+  void Detach(Job& job, WorkerState& worker);
   void Unplace(Job& job);
   static std::string ConflictKey(const TypeState& type, const std::string& resource);
   void SetConflictBusy(const std::string& conflict, bool busy);

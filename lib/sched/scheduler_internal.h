@@ -1,7 +1,7 @@
 #pragma once
 
 // The scheduler's internal state, shared by its .cc files (scheduler.cc, scheduler_accounts.cc,
-// scheduler_introspection.cc) and tests that inject faults
+// scheduler_introspection.cc, scheduler_workers.cc) and tests that inject faults
 // (SchedulerTestPeer). Nothing else includes it.
 
 #include <algorithm>
