@@ -1,8 +1,7 @@
 #pragma once
 
-// The scheduler's internal state, shared by its .cc files (scheduler.cc, scheduler_accounts.cc,
-// scheduler_introspection.cc, scheduler_workers.cc) and tests that inject faults
-// (SchedulerTestPeer). Nothing else includes it.
+// The scheduler's internal state, shared by its .cc files (scheduler.cc and scheduler_*.cc) and
+// tests that inject faults (SchedulerTestPeer). Nothing else includes it.
 
 #include <algorithm>
 #include <cstdint>
