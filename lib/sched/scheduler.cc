@@ -59,7 +59,7 @@ std::vector<Dispatch> Scheduler::Decide(absl::Time now, size_t limit) {
       }
     }
     if (w == nullptr) break;
-    Choice c = policy_ == "fifo" ? ChooseFifo(*w, now) : ChooseFor(*w, now);
+    Choice c = (this->*policy_->choose)(*w, now);
     if (c.job == nullptr) {
       done.insert(w);
       continue;

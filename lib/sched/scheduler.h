@@ -12,6 +12,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/container/inlined_vector.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 
 #include "lib/config/config.h"
@@ -370,6 +371,7 @@ class Scheduler {
   struct TierTenant;
   struct WorkerState;
   struct Choice;
+  struct Policy;
 
   // Arrival order with a sequence number for ties.
   struct Ord {
@@ -458,7 +460,10 @@ class Scheduler {
   bool Starved(const Group& g, absl::Time now) const;
   bool GroupOpen(const Group& g, absl::Time now) const;
   void LoadModel(WorkerState& w, ModelState* model);
-  Choice ChooseFor(WorkerState& w, absl::Time now);
+  // The placement policy named `name` ("fifo"; anything else is "fair"). See Policy.
+  static const Policy& PolicyNamed(absl::string_view name);
+  // The policies' choices: the job worker `w` takes now, or none.
+  Choice ChooseFair(WorkerState& w, absl::Time now);
   Choice ChooseFifo(WorkerState& w, absl::Time now);
   WaitReason WhyGroupWaits(const Group& g, absl::Time now) const;
   void Housekeep(absl::Time now);
@@ -477,7 +482,7 @@ class Scheduler {
   // Fills the shares, the conflict holder, the next token and the estimated start of `info`.
   void Explain(const Job& job, absl::Time now, WaitInfo& info) const;
 
-  std::string policy_ = "fair";
+  const Policy* policy_ = nullptr;  // set by ApplyConfig
   double alpha_ = 0.3;
   absl::Duration key_ttl_ = absl::Minutes(10);
   absl::Time last_now_;
@@ -518,7 +523,7 @@ class Scheduler {
   double last_virtual_time_ = 0;
   CostEstimator costs_;
   uint64_t next_seq_ = 0;
-  uint64_t stamp_ = 0;  // one per ChooseFor: marks which groups' `fit` is current
+  uint64_t stamp_ = 0;  // one per ChooseFair: marks which groups' `fit` is current
   size_t next_group_index_ = 0;
   size_t pending_count_ = 0;
   size_t placed_count_ = 0;

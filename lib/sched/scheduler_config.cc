@@ -34,11 +34,10 @@ void Scheduler::UpdateConfig(const config::Config& config, absl::Time now) {
 }
 
 void Scheduler::ApplyConfig(const config::Config& config, absl::Time now) {
-  policy_ = config.scheduler.policy;
+  policy_ = &PolicyNamed(config.scheduler.policy);
   alpha_ = config.scheduler.cost_alpha;
   key_ttl_ = config.scheduler.key_ttl;
   costs_.set_alpha(alpha_);
-  const bool fifo = policy_ == "fifo";
 
   // Tiers are keyed by value: the value is the tier. The implicit tier (0) has no cap.
   for (auto& [value, tier] : tiers_) tier->types.clear();
@@ -71,7 +70,7 @@ void Scheduler::ApplyConfig(const config::Config& config, absl::Time now) {
     type.cfg = t;
     type.configured = true;
     const config::TierConfig* tier = config.FindTier(t.tier);
-    type.tier = (fifo || tier == nullptr) ? implicit : tier_for(tier->value, tier->name);
+    type.tier = (!policy_->tiers || tier == nullptr) ? implicit : tier_for(tier->value, tier->name);
     type.tier->types.push_back(&type);
     type.model = nullptr;
     if (!t.model.empty()) {

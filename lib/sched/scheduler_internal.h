@@ -237,4 +237,17 @@ struct Scheduler::Choice {
   bool loads = false;
 };
 
+// A placement policy: whether types queue in their tiers, and which job a worker with a free slot
+// takes. ApplyConfig picks one by the configured name (PolicyNamed) and Decide calls its `choose`
+// for each worker it fills, so no decision looks at the name. The policies are constants, one per
+// name: "fair" (tiers, fair queuing, model affinity; ChooseFair) and "fifo" (arrival order in one
+// tier; ChooseFifo).
+struct Scheduler::Policy {
+  // Types keep their configured tiers; false: every type queues in the implicit tier, whose cap is
+  // unlimited.
+  bool tiers = true;
+  // The job `w` takes now and whether it loads its model; no job if none fits.
+  Choice (Scheduler::*choose)(WorkerState& w, absl::Time now) = nullptr;
+};
+
 }  // namespace dispatchd::sched

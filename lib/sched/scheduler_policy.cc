@@ -6,12 +6,19 @@
 #include <algorithm>
 #include <vector>
 
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 
 #include "lib/sched/scheduler.h"
 #include "lib/sched/scheduler_internal.h"
 
 namespace dispatchd::sched {
+
+const Scheduler::Policy& Scheduler::PolicyNamed(absl::string_view name) {
+  static constexpr Policy kFair{.tiers = true, .choose = &Scheduler::ChooseFair};
+  static constexpr Policy kFifo{.tiers = false, .choose = &Scheduler::ChooseFifo};
+  return name == "fifo" ? kFifo : kFair;
+}
 
 bool Scheduler::GroupOpen(const Group& g, absl::Time now) const {
   const TypeState& t = *g.type;
@@ -59,7 +66,7 @@ Scheduler::Job* Scheduler::BestJob(TierState& tier, const GroupMask& groups, abs
   return nullptr;
 }
 
-Scheduler::Choice Scheduler::ChooseFor(WorkerState& w, absl::Time now) {
+Scheduler::Choice Scheduler::ChooseFair(WorkerState& w, absl::Time now) {
   if (w.swap_to != nullptr) {
     // Reserved for a starved model: take it once the models in use drain enough to fit.
     ModelState* target = w.swap_to;
