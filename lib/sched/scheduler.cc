@@ -1,9 +1,15 @@
+// The scheduler's decision loop and the life of a placed job: Decide fills free workers with what
+// the placement policy chooses, and placing, adopting, retracting, refusing and finishing a job
+// keep the caps, conflicts, slots and charges it holds. See the Scheduler class comment.
+
 #include "lib/sched/scheduler.h"
 
 #include <algorithm>
-#include <cmath>
-#include <tuple>
+#include <memory>
+#include <optional>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/container/flat_hash_set.h"
 
@@ -11,26 +17,6 @@
 #include "lib/util/check.h"
 
 namespace dispatchd::sched {
-
-absl::string_view ToString(WaitReason reason) {
-  switch (reason) {
-    case WaitReason::kNone: return "none";
-    case WaitReason::kNotBefore: return "not_before";
-    case WaitReason::kTierCap: return "tier_cap";
-    case WaitReason::kTypeCap: return "type_cap";
-    case WaitReason::kConflict: return "conflict";
-    case WaitReason::kRateLimit: return "rate_limit";
-    case WaitReason::kTenantCap: return "tenant_cap";
-    case WaitReason::kTenantRate: return "tenant_rate";
-    case WaitReason::kNoWorker: return "no_worker";
-    case WaitReason::kWorkersBusy: return "workers_busy";
-    case WaitReason::kMemory: return "memory";
-    case WaitReason::kVram: return "vram";
-    case WaitReason::kAffinity: return "affinity";
-    case WaitReason::kInLine: return "in_line";
-  }
-  return "unknown";
-}
 
 Scheduler::Scheduler(const config::Config& config, absl::Time now)
     : last_now_(now), next_housekeeping_(now) {
@@ -217,38 +203,6 @@ void Scheduler::Finished(const std::string& job_id, absl::Time now,
   Settle(j, absl::ToDoubleSeconds(used));
   Unplace(j);
   jobs_.erase(it);
-}
-
-void Scheduler::Housekeep(absl::Time now) {
-  next_housekeeping_ = now + std::min(key_ttl_ / 4, absl::Minutes(1));
-  costs_.Expire(now, key_ttl_);
-  std::vector<std::string> idle;
-  for (const auto& [name, key] : keys_) {
-    if (key->pending == 0 && key->placed == 0 && key->idle_since + key_ttl_ < now) {
-      idle.push_back(name);
-    }
-  }
-  for (const std::string& name : idle) {
-    KeyState* key = keys_.at(name).get();
-    for (Lane* lane : key->lanes) lane->group->lanes.erase(key);
-    for (auto& [tier, tk] : key->tiers) {
-      auto tt = key->tenant->tiers.find(tier);
-      if (!tk->filed || tt == key->tenant->tiers.end()) continue;
-      tt->second->keys.erase({tk->filed_cost, tk->filed_head, tk.get()});
-      tt->second->heads.erase({tk->filed_head, key});
-      SyncTenant(*tier, *key->tenant, *tt->second);
-    }
-    --key->tenant->keys;
-    std::vector<KeyState*>& same_name = keys_by_name_[key->name];
-    same_name.erase(std::find(same_name.begin(), same_name.end(), key));
-    if (same_name.empty()) keys_by_name_.erase(key->name);
-    keys_.erase(name);
-  }
-  // A tenant is forgotten with its last key; back, it starts at the virtual time.
-  absl::erase_if(tenants_, [&](const auto& kv) {
-    const TenantState& t = *kv.second;
-    return t.keys == 0 && t.pending == 0 && t.placed == 0 && t.idle_since + key_ttl_ < now;
-  });
 }
 
 }  // namespace dispatchd::sched

@@ -2,6 +2,7 @@
 // stands in its tiers' orders. Two levels of start-time fair queuing: tenants by their cost
 // divided by their weight, then the keys inside a tenant by their own cost. A job is charged its
 // estimated cost when it is placed, and the charge is corrected to what it used when it ends.
+// Keys, tenants and cost estimates idle longer than the key TTL are forgotten (Housekeep).
 
 #include <algorithm>
 #include <tuple>
@@ -362,6 +363,38 @@ double Scheduler::StartRate(const TypeState& type, absl::Time now) {
     started = 0;
   }
   return rate;
+}
+
+void Scheduler::Housekeep(absl::Time now) {
+  next_housekeeping_ = now + std::min(key_ttl_ / 4, absl::Minutes(1));
+  costs_.Expire(now, key_ttl_);
+  std::vector<std::string> idle;
+  for (const auto& [name, key] : keys_) {
+    if (key->pending == 0 && key->placed == 0 && key->idle_since + key_ttl_ < now) {
+      idle.push_back(name);
+    }
+  }
+  for (const std::string& name : idle) {
+    KeyState* key = keys_.at(name).get();
+    for (Lane* lane : key->lanes) lane->group->lanes.erase(key);
+    for (auto& [tier, tk] : key->tiers) {
+      auto tt = key->tenant->tiers.find(tier);
+      if (!tk->filed || tt == key->tenant->tiers.end()) continue;
+      tt->second->keys.erase({tk->filed_cost, tk->filed_head, tk.get()});
+      tt->second->heads.erase({tk->filed_head, key});
+      SyncTenant(*tier, *key->tenant, *tt->second);
+    }
+    --key->tenant->keys;
+    std::vector<KeyState*>& same_name = keys_by_name_[key->name];
+    same_name.erase(std::find(same_name.begin(), same_name.end(), key));
+    if (same_name.empty()) keys_by_name_.erase(key->name);
+    keys_.erase(name);
+  }
+  // A tenant is forgotten with its last key; back, it starts at the virtual time.
+  absl::erase_if(tenants_, [&](const auto& kv) {
+    const TenantState& t = *kv.second;
+    return t.keys == 0 && t.pending == 0 && t.placed == 0 && t.idle_since + key_ttl_ < now;
+  });
 }
 
 int64_t Scheduler::TenantActive(const std::string& tenant) const {

@@ -14,6 +14,26 @@
 
 namespace dispatchd::sched {
 
+absl::string_view ToString(WaitReason reason) {
+  switch (reason) {
+    case WaitReason::kNone: return "none";
+    case WaitReason::kNotBefore: return "not_before";
+    case WaitReason::kTierCap: return "tier_cap";
+    case WaitReason::kTypeCap: return "type_cap";
+    case WaitReason::kConflict: return "conflict";
+    case WaitReason::kRateLimit: return "rate_limit";
+    case WaitReason::kTenantCap: return "tenant_cap";
+    case WaitReason::kTenantRate: return "tenant_rate";
+    case WaitReason::kNoWorker: return "no_worker";
+    case WaitReason::kWorkersBusy: return "workers_busy";
+    case WaitReason::kMemory: return "memory";
+    case WaitReason::kVram: return "vram";
+    case WaitReason::kAffinity: return "affinity";
+    case WaitReason::kInLine: return "in_line";
+  }
+  return "unknown";
+}
+
 WaitReason Scheduler::WhyGroupWaits(const Group& g, absl::Time now) const {
   const TypeState& t = *g.type;
   if (!t.configured) return WaitReason::kNoWorker;
