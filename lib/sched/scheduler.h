@@ -373,39 +373,31 @@ class Scheduler {
   struct Choice;
   struct Policy;
 
-  // Arrival order with a sequence number for ties.
-  struct Ord {
-    absl::Time arrival;
-    uint64_t seq;
-    static Ord Min() { return {absl::InfinitePast(), 0}; }
-    static Ord Max() { return {absl::InfiniteFuture(), UINT64_MAX}; }
-    friend bool operator<(const Ord& a, const Ord& b) {
-      return a.arrival < b.arrival || (a.arrival == b.arrival && a.seq < b.seq);
-    }
-    friend bool operator==(const Ord& a, const Ord& b) {
-      return a.arrival == b.arrival && a.seq == b.seq;
-    }
-  };
-  // What a worker can do with a group's jobs: nothing, run them (model resident or none), or run
-  // them after loading the model.
-  enum class Fit { kNo, kResident, kLoad };
+  // Defined in scheduler_internal.h.
+  struct Ord;
+  enum class Fit;
   struct TierKey;
 
+  // Configuration (scheduler_config.cc).
+  void ApplyConfig(const config::Config& config, absl::Time now);
   TypeState& TypeFor(const std::string& name);
-  TenantState& TenantFor(const std::string& owner);
-  KeyState& KeyFor(TenantState& tenant, const std::string& name);
-  void ApplyTenant(TenantState& tenant, absl::Time now);
+
+  // Pending-job bookkeeping (scheduler_queue.cc).
   Group& GroupFor(TypeState& type, const job::Labels& labels);
   Lane& LaneFor(Group& group, KeyState& key);
-  void ApplyConfig(const config::Config& config, absl::Time now);
-
-  // Pending-job bookkeeping.
-  void MakeReady(Job& job);
+  void PromoteDue(absl::Time now);
   void AddToLane(Job& job);
   void RemoveFromLane(Job& job);
   void ReadyInsert(Lane& lane, Job& job);
   void ReadyErase(Lane& lane, Job& job);
   void RefileLane(Lane& lane);
+  static std::string ConflictKey(const TypeState& type, const std::string& resource);
+  void SetConflictBusy(const std::string& conflict, bool busy);
+
+  // Tenants, keys and what they are charged (scheduler_accounts.cc).
+  TenantState& TenantFor(const std::string& owner);
+  KeyState& KeyFor(TenantState& tenant, const std::string& name);
+  void ApplyTenant(TenantState& tenant, absl::Time now);
   TierKey& TierKeyFor(KeyState& key, TierState& tier);
   TierTenant& TierTenantFor(TenantState& tenant, TierState& tier);
   // Moves the key to its cost in every tier order it is in.
@@ -416,13 +408,8 @@ class Scheduler {
   // takes it out when it has no ready lane there; then the tenant likewise in the tier's order.
   void SyncKey(TierState& tier, KeyState& key, TierKey& tk);
   void SyncTenant(TierState& tier, TenantState& tenant, TierTenant& tt);
-  // The first job among the groups of `tier` in `groups` (a GroupMask) whose tenant may run it
-  // now, in the order (tenant rank, tenant cost, tenant's oldest ready job), then (key cost,
-  // arrival) inside the tenant; only tenants below their floor if `floor_only`. Null if none.
-  Job* BestJob(TierState& tier, const absl::InlinedVector<uint64_t, 2>& groups, absl::Time now,
-               bool floor_only = false);
-  // True if `a` comes before `b` in that order; with `strict_cost`, only if its tenant's or its
-  // key's cost is lower (arrival does not count).
+  // True if `a` comes before `b` in the order BestJob walks; with `strict_cost`, only if its
+  // tenant's or its key's cost is lower (arrival does not count).
   static bool Before(const Job& a, const Job& b, bool strict_cost = false);
   // The tenant of `lane` may run one more of its jobs now: under max_running, a token in its
   // bucket for the lane's model.
@@ -433,40 +420,10 @@ class Scheduler {
   void DeactivateKey(KeyState& key);
   void CountPending(Job& j, int delta);
   void CountPlaced(Job& j, int delta);
-  void PromoteDue(absl::Time now);
-
-  // Placement bookkeeping.
-  void Place(Job& job, WorkerState* worker, absl::Time now, bool loads_model);
   // Charges the job's estimated cost to its key and its tenant; the caller refiles them.
   void Charge(Job& job, absl::Time now);
   // Corrects the charge of a job that ends to what it used, in seconds (0: a full refund).
   void Settle(Job& job, double used);
-  // Counts a job that now holds capacity: caps, conflicts, model; not yet a worker slot.
-  void Occupy(Job& job, const std::string& worker_id);
-  // Puts a placed job on its worker: slot, VRAM in use, resident model.
-  void Attach(Job& job, WorkerState& worker);
-  // Takes a placed job off its worker: slot and VRAM in use (the model stays resident).
-  void Detach(Job& job, WorkerState& worker);
-  void Unplace(Job& job);
-  static std::string ConflictKey(const TypeState& type, const std::string& resource);
-  void SetConflictBusy(const std::string& conflict, bool busy);
-  void UpdateAvailable(WorkerState& w);
-  bool ServesAndMatches(const WorkerState& w, const Group& g) const;
-  // True if a worker other than `w`, neither draining nor throttled, has the group's model loaded
-  // and serves it.
-  bool HeldElsewhere(const WorkerState& w, const Group& g) const;
-  bool Fits(const WorkerState& w, const ModelState* model) const;
-  bool Resident(const WorkerState& w, const ModelState* model) const;
-  bool Starved(const Group& g, absl::Time now) const;
-  bool GroupOpen(const Group& g, absl::Time now) const;
-  void LoadModel(WorkerState& w, ModelState* model);
-  // The placement policy named `name` ("fifo"; anything else is "fair"). See Policy.
-  static const Policy& PolicyNamed(absl::string_view name);
-  // The policies' choices: the job worker `w` takes now, or none.
-  Choice ChooseFair(WorkerState& w, absl::Time now);
-  Choice ChooseFifo(WorkerState& w, absl::Time now);
-  WaitReason WhyGroupWaits(const Group& g, absl::Time now) const;
-  void Housekeep(absl::Time now);
   // The tenants' virtual time: the smallest tenant start tag of the jobs in service.
   double VirtualTime() const;
   // The virtual time of `tenant`'s keys.
@@ -477,6 +434,44 @@ class Scheduler {
   void CountStart(TypeState& type, absl::Time now);
   // Jobs of `type` started per second lately, as of `now`.
   static double StartRate(const TypeState& type, absl::Time now);
+  void Housekeep(absl::Time now);
+
+  // Placement bookkeeping (scheduler.cc).
+  void Place(Job& job, WorkerState* worker, absl::Time now, bool loads_model);
+  // Counts a job that now holds capacity: caps, conflicts, model; not yet a worker slot.
+  void Occupy(Job& job, const std::string& worker_id);
+  void Unplace(Job& job);
+
+  // The worker pool (scheduler_workers.cc).
+  // Puts a placed job on its worker: slot, VRAM in use, resident model.
+  void Attach(Job& job, WorkerState& worker);
+  // Takes a placed job off its worker: slot and VRAM in use (the model stays resident).
+  void Detach(Job& job, WorkerState& worker);
+  void UpdateAvailable(WorkerState& w);
+  bool ServesAndMatches(const WorkerState& w, const Group& g) const;
+  // True if a worker other than `w`, neither draining nor throttled, has the group's model loaded
+  // and serves it.
+  bool HeldElsewhere(const WorkerState& w, const Group& g) const;
+  bool Fits(const WorkerState& w, const ModelState* model) const;
+  bool Resident(const WorkerState& w, const ModelState* model) const;
+  void LoadModel(WorkerState& w, ModelState* model);
+
+  // Placement policies (scheduler_policy.cc).
+  // The placement policy named `name` ("fifo"; anything else is "fair"). See Policy.
+  static const Policy& PolicyNamed(absl::string_view name);
+  // The policies' choices: the job worker `w` takes now, or none.
+  Choice ChooseFair(WorkerState& w, absl::Time now);
+  Choice ChooseFifo(WorkerState& w, absl::Time now);
+  // The first job among the groups of `tier` in `groups` (a GroupMask) whose tenant may run it
+  // now, in the order (tenant rank, tenant cost, tenant's oldest ready job), then (key cost,
+  // arrival) inside the tenant; only tenants below their floor if `floor_only`. Null if none.
+  Job* BestJob(TierState& tier, const absl::InlinedVector<uint64_t, 2>& groups, absl::Time now,
+               bool floor_only = false);
+  bool Starved(const Group& g, absl::Time now) const;
+  bool GroupOpen(const Group& g, absl::Time now) const;
+
+  // Explanations (scheduler_introspection.cc).
+  WaitReason WhyGroupWaits(const Group& g, absl::Time now) const;
   // Why the pending job waits and its place in line.
   WaitInfo WhyWaitingNow(const Job& job, absl::Time now) const;
   // Fills the shares, the conflict holder, the next token and the estimated start of `info`.

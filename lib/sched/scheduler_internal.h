@@ -45,6 +45,24 @@ inline bool Intersects(const GroupMask& a, const GroupMask& b) {
   return false;
 }
 
+// Arrival order with a sequence number for ties.
+struct Scheduler::Ord {
+  absl::Time arrival;
+  uint64_t seq;
+  static Ord Min() { return {absl::InfinitePast(), 0}; }
+  static Ord Max() { return {absl::InfiniteFuture(), UINT64_MAX}; }
+  friend bool operator<(const Ord& a, const Ord& b) {
+    return a.arrival < b.arrival || (a.arrival == b.arrival && a.seq < b.seq);
+  }
+  friend bool operator==(const Ord& a, const Ord& b) {
+    return a.arrival == b.arrival && a.seq == b.seq;
+  }
+};
+
+// What a worker can do with a group's jobs: nothing, run them (model resident or none), or run
+// them after loading the model.
+enum class Scheduler::Fit { kNo, kResident, kLoad };
+
 // Internal state. Pending jobs live in lanes: one lane per (group, fairness key), a group being
 // the pending jobs of one type with one label set. Everything a skip rule looks at except
 // conflicts (tier, type, model, labels) is the same for every job of a group, so Decide tests a
