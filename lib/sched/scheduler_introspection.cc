@@ -2,6 +2,8 @@
 // decide again, the snapshot for operators, the self-check of its counts, and accessors. Nothing
 // here changes a decision (Audit with `repair` only sets drifted counts right).
 
+#include "lib/sched/scheduler_introspection.h"
+
 #include <algorithm>
 #include <cmath>
 #include <tuple>
@@ -9,6 +11,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+
 #include "lib/sched/scheduler.h"
 #include "lib/sched/scheduler_internal.h"
 
