@@ -39,6 +39,7 @@
 
 #include "client/cpp/dispatch_client.h"
 #include "client/cpp/security_flags.h"
+#include "proto/convert/time_proto.h"
 
 namespace dispatchd::client {
 namespace {
@@ -84,14 +85,10 @@ std::string ToJson(const google::protobuf::Message& m) {
   return out;
 }
 
-absl::Time FromProto(const google::protobuf::Timestamp& t) {
-  return absl::FromUnixSeconds(t.seconds()) + absl::Nanoseconds(t.nanos());
-}
-
 // RFC3339 in UTC with milliseconds; "-" when unset.
 std::string FormatTimestamp(const google::protobuf::Timestamp& t) {
   if (t.seconds() == 0 && t.nanos() == 0) return "-";
-  return absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", FromProto(t), absl::UTCTimeZone());
+  return absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", proto_convert::FromProto(t), absl::UTCTimeZone());
 }
 
 std::string StateName(v1::JobState s) {
@@ -218,14 +215,6 @@ absl::StatusOr<absl::Duration> ParseDurationFlag(absl::string_view flag, const s
   return d;
 }
 
-google::protobuf::Duration ToProto(absl::Duration d) {
-  google::protobuf::Duration out;
-  absl::Duration rem;
-  out.set_seconds(absl::IDivDuration(d, absl::Seconds(1), &rem));
-  out.set_nanos(static_cast<int32_t>(absl::ToInt64Nanoseconds(rem)));
-  return out;
-}
-
 // Flags shared by submit and run.
 struct SpecFlags {
   std::string type;
@@ -282,13 +271,13 @@ struct SpecFlags {
     if (!job_timeout.empty()) {
       absl::StatusOr<absl::Duration> d = ParseDurationFlag("--job-timeout", job_timeout);
       if (!d.ok()) return d.status();
-      *spec.mutable_timeout() = ToProto(*d);
+      *spec.mutable_timeout() = proto_convert::ToProto(*d);
     }
     if (!dispatch_deadline.empty()) {
       absl::StatusOr<absl::Duration> d =
           ParseDurationFlag("--dispatch-deadline", dispatch_deadline);
       if (!d.ok()) return d.status();
-      *spec.mutable_dispatch_deadline() = ToProto(*d);
+      *spec.mutable_dispatch_deadline() = proto_convert::ToProto(*d);
     }
     if (!not_before.empty()) {
       absl::Time t;
@@ -297,9 +286,7 @@ struct SpecFlags {
         return absl::InvalidArgumentError(
             absl::StrCat("--not-before: invalid RFC3339 time \"", not_before, "\": ", err));
       }
-      spec.mutable_not_before()->set_seconds(absl::ToUnixSeconds(t));
-      spec.mutable_not_before()->set_nanos(static_cast<int32_t>(
-          absl::ToInt64Nanoseconds(t - absl::FromUnixSeconds(absl::ToUnixSeconds(t)))));
+      *spec.mutable_not_before() = proto_convert::ToProto(t);
     }
     for (const std::string& kv : labels) {
       size_t eq = kv.find('=');
@@ -476,7 +463,8 @@ int CmdWatch(Client& client, const std::string& id, bool json, absl::Duration wa
           return;
         }
         // The time of the change as the daemon recorded it, else when it arrived here.
-        absl::Time at = job.has_updated_at() ? FromProto(job.updated_at()) : absl::Now();
+        absl::Time at =
+            job.has_updated_at() ? proto_convert::FromProto(job.updated_at()) : absl::Now();
         const std::string line =
             absl::StrCat(absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", at, absl::UTCTimeZone()), " ",
                          StateName(job.state()), " attempt=", job.attempt(),

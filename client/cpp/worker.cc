@@ -20,9 +20,7 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
-#include "absl/random/random.h"
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
+#include "proto/convert/time_proto.h"
 
 namespace dispatchd::client {
 namespace {
@@ -33,23 +31,6 @@ std::shared_ptr<spdlog::logger> Log() {
     return existing != nullptr ? existing : spdlog::stderr_color_mt("worker");
   }();
   return log;
-}
-
-absl::Time FromProto(const google::protobuf::Timestamp& t) {
-  return absl::FromUnixSeconds(t.seconds()) + absl::Nanoseconds(t.nanos());
-}
-
-absl::Duration FromProto(const google::protobuf::Duration& d) {
-  return absl::Seconds(d.seconds()) + absl::Nanoseconds(d.nanos());
-}
-
-google::protobuf::Duration ToProto(absl::Duration d) {
-  google::protobuf::Duration out;
-  absl::Duration rem;
-  int64_t seconds = absl::IDivDuration(d, absl::Seconds(1), &rem);
-  out.set_seconds(seconds);
-  out.set_nanos(static_cast<int32_t>(absl::ToInt64Nanoseconds(rem)));
-  return out;
 }
 
 // Host RAM (used, total) in bytes from /proc/meminfo; zeros where it cannot be read.
@@ -87,7 +68,7 @@ const char* ReasonName(v1::Reject::Reason r) {
 
 JobContext::JobContext(v1::Assignment assignment)
     : assignment_(std::move(assignment)),
-      deadline_(assignment_.has_deadline() ? FromProto(assignment_.deadline())
+      deadline_(assignment_.has_deadline() ? proto_convert::FromProto(assignment_.deadline())
                                            : absl::InfiniteFuture()) {}
 
 bool JobContext::cancelled() const {
@@ -537,7 +518,7 @@ Worker::SessionEnd Worker::RunSession(const std::string& target, const Credentia
 
 void Worker::HandleWelcome(const std::shared_ptr<Session>& session, const v1::Welcome& welcome) {
   absl::Duration interval = welcome.has_heartbeat_interval()
-                                ? FromProto(welcome.heartbeat_interval())
+                                ? proto_convert::FromProto(welcome.heartbeat_interval())
                                 : absl::ZeroDuration();
   if (interval <= absl::ZeroDuration()) interval = options_.default_heartbeat_interval;
   std::set<JobKey> adopted;
@@ -850,7 +831,7 @@ void Worker::RunJob(std::shared_ptr<RunningJob> job) {
     r->mutable_failure()->set_message(outcome.message);
     r->mutable_failure()->set_retryable(outcome.retryable);
   }
-  *r->mutable_run_time() = ToProto(run_time);
+  *r->mutable_run_time() = proto_convert::ToProto(run_time);
 
   std::shared_ptr<Session> session;
   bool dropped;

@@ -14,6 +14,7 @@
 #include "gtest/gtest.h"
 #include <signal.h>
 
+#include "proto/convert/time_proto.h"
 #include "tests/e2e/harness.h"
 #include "tests/testing/pg_test_db.h"
 
@@ -30,10 +31,6 @@ constexpr char kTypes[] = R"(  - name: echo
     rpm: 60
     burst: 1
 )";
-
-absl::Time FromProto(const google::protobuf::Timestamp& t) {
-  return absl::FromUnixSeconds(t.seconds()) + absl::Nanoseconds(t.nanos());
-}
 
 class ReloadTest : public ::testing::Test {
  protected:
@@ -106,7 +103,7 @@ TEST_F(ReloadTest, NewRateLimitHoldsAtOnceAndEveryJobCompletes) {
   std::vector<absl::Time> dispatched;
   for (const v1::Job& j : jobs) {
     EXPECT_EQ(j.state(), v1::JOB_STATE_SUCCEEDED) << j.id();
-    dispatched.push_back(FromProto(j.dispatched_at()));
+    dispatched.push_back(proto_convert::FromProto(j.dispatched_at()));
   }
   std::sort(dispatched.begin(), dispatched.end());
   // Before the reload the old bucket held: at most burst + rate * t, plus one for clock skew
@@ -156,7 +153,8 @@ TEST_F(ReloadTest, InvalidFileIsRefusedAndTheRunningConfigStays) {
   absl::Time last_llm = absl::InfinitePast();
   for (const v1::Job& j : jobs) {
     EXPECT_EQ(j.state(), v1::JOB_STATE_SUCCEEDED);
-    if (j.spec().type() == "llm") last_llm = std::max(last_llm, FromProto(j.dispatched_at()));
+    if (j.spec().type() == "llm")
+      last_llm = std::max(last_llm, proto_convert::FromProto(j.dispatched_at()));
   }
   // Three jobs through a 1/s bucket with burst 1 take at least 2 s.
   EXPECT_GE(last_llm - submitted, absl::Milliseconds(1900));
