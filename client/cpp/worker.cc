@@ -5,7 +5,6 @@
 #include <climits>
 #include <cstdio>
 #include <exception>
-#include <fstream>
 #include <optional>
 #include <random>
 #include <set>
@@ -17,36 +16,15 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include <grpcpp/grpcpp.h>
-#include <spdlog/sinks/stdout_color_sinks.h>
-#include <spdlog/spdlog.h>
 
+#include "client/cpp/worker_log.h"
+#include "client/cpp/worker_memory_probe.h"
 #include "proto/convert/time_proto.h"
 
 namespace dispatchd::client {
 namespace {
 
-std::shared_ptr<spdlog::logger> Log() {
-  static const std::shared_ptr<spdlog::logger> log = [] {
-    std::shared_ptr<spdlog::logger> existing = spdlog::get("worker");
-    return existing != nullptr ? existing : spdlog::stderr_color_mt("worker");
-  }();
-  return log;
-}
-
-// Host RAM (used, total) in bytes from /proc/meminfo; zeros where it cannot be read.
-std::pair<int64_t, int64_t> ReadMemInfo() {
-  std::ifstream in("/proc/meminfo");
-  int64_t total_kb = 0, available_kb = -1;
-  std::string key, unit;
-  int64_t value = 0;
-  while (in >> key >> value) {
-    std::getline(in, unit);
-    if (key == "MemTotal:") total_kb = value;
-    if (key == "MemAvailable:") available_kb = value;
-  }
-  if (total_kb <= 0 || available_kb < 0) return {0, std::max<int64_t>(total_kb, 0) * 1024};
-  return {(total_kb - available_kb) * 1024, total_kb * 1024};
-}
+using worker_internal::Log;
 
 const char* ReasonName(v1::Reject::Reason r) {
   switch (r) {
@@ -784,20 +762,7 @@ void Worker::SessionTimerLoop(std::shared_ptr<Session> session) {
       }
       return;
     }
-    v1::Heartbeat* hb = heartbeat.mutable_heartbeat();
-    if (options_.memory_probe) {
-      WorkerOptions::MemoryReport report = options_.memory_probe();
-      hb->set_ram_used_bytes(report.ram_used_bytes);
-      hb->set_ram_total_bytes(report.ram_total_bytes);
-      for (int i = 0; i < hb->gpus_size() && i < static_cast<int>(report.gpu_used_bytes.size());
-           ++i) {
-        hb->mutable_gpus(i)->set_memory_used_bytes(report.gpu_used_bytes[i]);
-      }
-    } else {
-      auto [used, total] = ReadMemInfo();
-      hb->set_ram_used_bytes(used);
-      hb->set_ram_total_bytes(total);
-    }
+    worker_internal::AddMemoryReadings(options_.memory_probe, heartbeat.mutable_heartbeat());
     session->Write(heartbeat);
   }
 }
