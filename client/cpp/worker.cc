@@ -241,7 +241,7 @@ void Worker::SetModelsResident(std::vector<std::string> models) {
 
 bool Worker::DrainDoneLocked() const {
   return draining_ && running_.empty() &&
-         (unacked_.empty() || absl::Now() >= jobs_done_at_ + options_.drain_result_timeout);
+         (results_.empty() || absl::Now() >= jobs_done_at_ + options_.drain_result_timeout);
 }
 
 bool Worker::StartJob(std::shared_ptr<RunningJob> job) {
@@ -344,11 +344,11 @@ absl::Status Worker::Run() {
     mu_.AwaitWithTimeout(absl::Condition(&stop), delay);
   }
   absl::MutexLock l(&mu_);
-  if (unacked_.empty()) {
+  if (results_.empty()) {
     log->info("stopped worker={} reason={}", options_.worker_id, shutdown_ ? "shutdown" : "drained");
   } else {
     log->warn("stopped worker={} reason={} undelivered_results={}", options_.worker_id,
-              shutdown_ ? "shutdown" : "drained", unacked_.size());
+              shutdown_ ? "shutdown" : "drained", results_.size());
   }
   return absl::OkStatus();
 }
@@ -381,20 +381,7 @@ Worker::SessionEnd Worker::RunSession(const std::string& target, const Credentia
     session_ = s;
     welcomed_ = false;
     for (const std::string& m : models_resident_) hello.add_models_resident(m);
-    for (const auto& [key, job] : running_) {
-      if (job->drop_result) continue;
-      v1::HeldJob* held = hello.add_running_jobs();
-      held->set_job_id(key.first);
-      held->set_attempt(key.second);
-    }
-    // Finished jobs whose results were never acknowledged are still held: the daemon must keep
-    // their attempts current until the results arrive, or it would run them again.
-    for (const auto& [key, result] : unacked_) {
-      if (running_.contains(key)) continue;
-      v1::HeldJob* held = hello.add_running_jobs();
-      held->set_job_id(key.first);
-      held->set_attempt(key.second);
-    }
+    AddHeldJobsLocked(hello.mutable_running_jobs());
   }
   std::thread timer(&Worker::SessionTimerLoop, this, s);
 
@@ -434,13 +421,14 @@ Worker::SessionEnd Worker::RunSession(const std::string& target, const Credentia
           break;
         case v1::DaemonMessage::kResultAck: {
           absl::MutexLock l(&mu_);
-          unacked_.erase(JobKey(message.result_ack().job_id(), message.result_ack().attempt()));
+          results_.Acknowledge(
+              JobKey(message.result_ack().job_id(), message.result_ack().attempt()));
           break;
         }
         case v1::DaemonMessage::kResultAcks: {
           absl::MutexLock l(&mu_);
           for (const v1::ResultAck& ack : message.result_acks().acks()) {
-            unacked_.erase(JobKey(ack.job_id(), ack.attempt()));
+            results_.Acknowledge(JobKey(ack.job_id(), ack.attempt()));
           }
           break;
         }
@@ -502,7 +490,7 @@ void Worker::HandleWelcome(const std::shared_ptr<Session>& session, const v1::We
   std::set<JobKey> adopted;
   for (const v1::HeldJob& h : welcome.adopted_jobs()) adopted.emplace(h.job_id(), h.attempt());
 
-  std::vector<v1::WorkerMessage> resend;
+  std::vector<v1::Result> resend;
   std::vector<JobKey> dropped;
   bool draining;
   session->batching = welcome.batching();
@@ -516,17 +504,7 @@ void Worker::HandleWelcome(const std::shared_ptr<Session>& session, const v1::We
       dropped.push_back(key);
     }
     if (session_ == session) welcomed_ = true;
-    // A result the daemon did not adopt is for an attempt that is no longer current (or one it
-    // already recorded): sending it again would only be discarded.
-    for (auto it = unacked_.begin(); it != unacked_.end();) {
-      if (adopted.contains(it->first)) {
-        resend.push_back(it->second);
-        ++it;
-      } else {
-        dropped.push_back(it->first);
-        it = unacked_.erase(it);
-      }
-    }
+    resend = results_.Readopt(adopted, &dropped);
     draining = draining_;
   }
   std::shared_ptr<spdlog::logger> log = Log();
@@ -536,7 +514,7 @@ void Worker::HandleWelcome(const std::shared_ptr<Session>& session, const v1::We
   for (const JobKey& key : dropped) {
     log->warn("cancelled job={} attempt={} reason=not re-adopted", key.first, key.second);
   }
-  for (const v1::WorkerMessage& m : resend) session->SendResult(m.result());
+  for (v1::Result& result : resend) session->SendResult(std::move(result));
   if (draining) {
     v1::WorkerMessage m;
     m.mutable_draining();
@@ -553,7 +531,7 @@ void Worker::HandleAssign(const std::shared_ptr<Session>& session, const v1::Ass
     Action action = Action::kReject;
     v1::Reject::Reason reason = v1::Reject::REASON_UNSPECIFIED;
     std::string detail;
-    std::optional<v1::WorkerMessage> resend;  // its result, if it already finished
+    std::optional<v1::Result> resend;         // its result, if it already finished
     std::shared_ptr<RunningJob> job;          // kAcceptNew
     int running = 0;                          // jobs running before it
     bool written = false;
@@ -568,9 +546,9 @@ void Worker::HandleAssign(const std::shared_ptr<Session>& session, const v1::Ass
       ans.running = static_cast<int>(running_.size());
       if (running_.contains(key)) {
         ans.action = Action::kAcceptAgain;
-      } else if (auto it = unacked_.find(key); it != unacked_.end()) {
+      } else if (const v1::Result* kept = results_.Find(key); kept != nullptr) {
         ans.action = Action::kAcceptAgain;
-        ans.resend = it->second;
+        ans.resend = *kept;
       } else if (shutdown_ || draining_) {
         ans.reason = v1::Reject::REASON_DRAINING;
         ans.detail = "worker is draining";
@@ -637,7 +615,7 @@ void Worker::HandleAssign(const std::shared_ptr<Session>& session, const v1::Ass
         break;
       case Action::kAcceptAgain:
         log->info("accepted again job={} attempt={} (already held)", a.job_id(), a.attempt());
-        if (ans.resend.has_value() && ans.written) session->SendResult(ans.resend->result());
+        if (ans.resend.has_value() && ans.written) session->SendResult(*ans.resend);
         break;
       case Action::kAcceptNew: {
         const JobKey& key = ans.job->key;
@@ -651,13 +629,12 @@ void Worker::HandleAssign(const std::shared_ptr<Session>& session, const v1::Ass
         }
         if (!StartJob(ans.job)) {
           running_.erase(key);
-          v1::WorkerMessage result;
-          v1::Result* r = result.mutable_result();
-          r->set_job_id(key.first);
-          r->set_attempt(key.second);
-          r->mutable_failure()->set_message("worker could not start a handler thread");
-          r->mutable_failure()->set_retryable(true);
-          unacked_[key] = result;
+          v1::Result result;
+          result.set_job_id(key.first);
+          result.set_attempt(key.second);
+          result.mutable_failure()->set_message("worker could not start a handler thread");
+          result.mutable_failure()->set_retryable(true);
+          results_.Keep(key, std::move(result));
           log->error("thread start failed job={} attempt={}", key.first, key.second);
           break;
         }
@@ -690,23 +667,28 @@ void Worker::HandleCancel(const v1::CancelJob& cancel) {
   }
 }
 
+void Worker::AddHeldJobsLocked(google::protobuf::RepeatedPtrField<v1::HeldJob>* held) const {
+  for (const auto& [key, job] : running_) {
+    if (job->drop_result) continue;
+    v1::HeldJob* h = held->Add();
+    h->set_job_id(key.first);
+    h->set_attempt(key.second);
+  }
+  // Finished jobs whose results were never acknowledged are still held: the daemon must keep
+  // their attempts current until the results arrive, or it would run them again, and it counts
+  // a job its worker stops reporting as lost.
+  for (const auto& [key, result] : results_) {
+    if (running_.contains(key)) continue;
+    v1::HeldJob* h = held->Add();
+    h->set_job_id(key.first);
+    h->set_attempt(key.second);
+  }
+}
+
 v1::WorkerMessage Worker::HeartbeatLocked() const {
   v1::WorkerMessage m;
   v1::Heartbeat* hb = m.mutable_heartbeat();
-  for (const auto& [key, job] : running_) {
-    if (job->drop_result) continue;
-    v1::HeldJob* held = hb->add_running_jobs();
-    held->set_job_id(key.first);
-    held->set_attempt(key.second);
-  }
-  // Finished jobs whose results are not acknowledged yet are still held (as in Hello): the
-  // daemon counts a job its worker stops reporting as lost.
-  for (const auto& [key, result] : unacked_) {
-    if (running_.contains(key)) continue;
-    v1::HeldJob* held = hb->add_running_jobs();
-    held->set_job_id(key.first);
-    held->set_attempt(key.second);
-  }
+  AddHeldJobsLocked(hb->mutable_running_jobs());
   for (const std::string& model : models_resident_) hb->add_models_resident(model);
   for (const WorkerOptions::Gpu& g : options_.gpus) {
     v1::Gpu* gpu = hb->add_gpus();
@@ -786,17 +768,16 @@ void Worker::RunJob(std::shared_ptr<RunningJob> job) {
                                   false);
   }
 
-  v1::WorkerMessage message;
-  v1::Result* r = message.mutable_result();
-  r->set_job_id(key.first);
-  r->set_attempt(key.second);
+  v1::Result result;
+  result.set_job_id(key.first);
+  result.set_attempt(key.second);
   if (outcome.ok) {
-    r->set_output(std::move(outcome.output));
+    result.set_output(std::move(outcome.output));
   } else {
-    r->mutable_failure()->set_message(outcome.message);
-    r->mutable_failure()->set_retryable(outcome.retryable);
+    result.mutable_failure()->set_message(outcome.message);
+    result.mutable_failure()->set_retryable(outcome.retryable);
   }
-  *r->mutable_run_time() = proto_convert::ToProto(run_time);
+  *result.mutable_run_time() = proto_convert::ToProto(run_time);
 
   std::shared_ptr<Session> session;
   bool dropped;
@@ -805,7 +786,7 @@ void Worker::RunJob(std::shared_ptr<RunningJob> job) {
     running_.erase(key);
     dropped = job->drop_result;
     if (!dropped) {
-      unacked_[key] = message;
+      results_.Keep(key, result);
       if (welcomed_) session = session_;
     }
     if (draining_ && running_.empty()) jobs_done_at_ = absl::Now();
@@ -817,7 +798,7 @@ void Worker::RunJob(std::shared_ptr<RunningJob> job) {
   }
   log->info("finished job={} attempt={} ok={} run_time={}{}{}", key.first, key.second, outcome.ok,
             absl::FormatDuration(run_time), outcome.ok ? "" : " error=", outcome.message);
-  if (session != nullptr) session->SendResult(std::move(*message.mutable_result()));
+  if (session != nullptr) session->SendResult(std::move(result));
 }
 
 void Worker::Drain() {

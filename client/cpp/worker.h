@@ -33,6 +33,7 @@
 #include "absl/time/time.h"
 
 #include "client/cpp/credentials.h"
+#include "client/cpp/worker_result_ledger.h"
 #include "dispatchd/v1/worker_service.grpc.pb.h"
 
 namespace dispatchd::client {
@@ -173,7 +174,7 @@ class Worker {
  private:
   struct Session;
   struct RunningJob;
-  using JobKey = std::pair<std::string, int32_t>;  // (job id, attempt)
+  using JobKey = worker_internal::JobKey;
 
   Worker(WorkerOptions options, Handler handler);
 
@@ -199,6 +200,10 @@ class Worker {
   bool StartJob(std::shared_ptr<RunningJob> job) ABSL_LOCKS_EXCLUDED(pool_mu_);
   void HandlerLoop() ABSL_LOCKS_EXCLUDED(pool_mu_);
   v1::WorkerMessage HeartbeatLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Lists the jobs this worker holds, as Hello and heartbeats report them: those running (but
+  // not those dropped), then those finished whose results are not acknowledged yet.
+  void AddHeldJobsLocked(google::protobuf::RepeatedPtrField<v1::HeldJob>* held) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool DrainDoneLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const WorkerOptions options_;
@@ -220,8 +225,8 @@ class Worker {
   absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_);
   // Jobs whose handler has not returned yet.
   std::map<JobKey, std::shared_ptr<RunningJob>> running_ ABSL_GUARDED_BY(mu_);
-  // Results sent (or to send) and not yet acknowledged, in key order.
-  std::map<JobKey, v1::WorkerMessage> unacked_ ABSL_GUARDED_BY(mu_);
+  // Results sent (or to send) and not yet acknowledged.
+  worker_internal::ResultLedger results_ ABSL_GUARDED_BY(mu_);
 
   // Handler threads, started as jobs need them (at most one per job running at once) and kept
   // for the next jobs: starting a thread per job would cost more than a short job itself.
