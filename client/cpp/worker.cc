@@ -8,7 +8,7 @@
 #include <optional>
 #include <random>
 #include <set>
-#include <system_error>
+#include <thread>
 
 #include "absl/random/random.h"
 #include "absl/strings/ascii.h"
@@ -157,15 +157,6 @@ struct Worker::Session {
   bool flushing ABSL_GUARDED_BY(out_mu) = false;
 };
 
-// A job whose handler has not returned. Fields other than `key` and `context` are guarded by
-// Worker::mu_.
-struct Worker::RunningJob {
-  JobKey key;
-  std::shared_ptr<JobContext> context;
-  // Not re-adopted after a reconnect: cancelled, and its outcome is not reported.
-  bool drop_result = false;
-};
-
 absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(WorkerOptions options, Handler handler) {
   if (options.server.empty()) return absl::InvalidArgumentError("server: empty");
   for (absl::string_view address : absl::StrSplit(options.server, ',')) {
@@ -220,13 +211,7 @@ Worker::~Worker() {
     mu_.Await(absl::Condition(
         +[](std::map<JobKey, std::shared_ptr<RunningJob>>* r) { return r->empty(); }, &running_));
   }
-  std::vector<std::thread> threads;
-  {
-    absl::MutexLock l(&pool_mu_);
-    pool_stopping_ = true;
-    threads.swap(handler_threads_);
-  }
-  for (std::thread& t : threads) t.join();
+  // handlers_, the first member destroyed, then joins the handler threads.
 }
 
 int Worker::RunningJobsForTest() const {
@@ -242,43 +227,6 @@ void Worker::SetModelsResident(std::vector<std::string> models) {
 bool Worker::DrainDoneLocked() const {
   return draining_ && running_.empty() &&
          (results_.empty() || absl::Now() >= jobs_done_at_ + options_.drain_result_timeout);
-}
-
-bool Worker::StartJob(std::shared_ptr<RunningJob> job) {
-  absl::MutexLock l(&pool_mu_);
-  ready_.push_back(std::move(job));
-  if (idle_handlers_ >= static_cast<int>(ready_.size())) return true;
-  try {
-    handler_threads_.emplace_back(&Worker::HandlerLoop, this);
-    ++idle_handlers_;
-  } catch (const std::system_error&) {
-    if (handler_threads_.empty()) {
-      ready_.pop_back();
-      return false;
-    }
-    // A thread that exists takes the job when its current one ends.
-  }
-  return true;
-}
-
-void Worker::HandlerLoop() {
-  while (true) {
-    std::shared_ptr<RunningJob> job;
-    {
-      absl::MutexLock l(&pool_mu_);
-      auto work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(pool_mu_) {
-        return pool_stopping_ || !ready_.empty();
-      };
-      pool_mu_.Await(absl::Condition(&work));
-      if (ready_.empty()) return;  // stopping
-      job = std::move(ready_.front());
-      ready_.pop_front();
-      --idle_handlers_;
-    }
-    RunJob(std::move(job));
-    absl::MutexLock l(&pool_mu_);
-    ++idle_handlers_;
-  }
 }
 
 absl::Status Worker::Run() {
@@ -627,7 +575,7 @@ void Worker::HandleAssign(const std::shared_ptr<Session>& session, const v1::Ass
           log->warn("accept not delivered job={} attempt={}", a.job_id(), a.attempt());
           break;
         }
-        if (!StartJob(ans.job)) {
+        if (!handlers_.Start([this, job = ans.job] { RunJob(job); })) {
           running_.erase(key);
           v1::Result result;
           result.set_job_id(key.first);

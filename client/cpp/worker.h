@@ -15,12 +15,10 @@
 // until Shutdown().
 
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -33,6 +31,7 @@
 #include "absl/time/time.h"
 
 #include "client/cpp/credentials.h"
+#include "client/cpp/worker_handler_pool.h"
 #include "client/cpp/worker_result_ledger.h"
 #include "dispatchd/v1/worker_service.grpc.pb.h"
 
@@ -173,8 +172,16 @@ class Worker {
 
  private:
   struct Session;
-  struct RunningJob;
   using JobKey = worker_internal::JobKey;
+
+  // A job whose handler has not returned. Fields other than `key` and `context` are guarded by
+  // mu_.
+  struct RunningJob {
+    JobKey key;
+    std::shared_ptr<JobContext> context;
+    // Not re-adopted after a reconnect: cancelled, and its outcome is not reported.
+    bool drop_result = false;
+  };
 
   Worker(WorkerOptions options, Handler handler);
 
@@ -195,10 +202,6 @@ class Worker {
   void SessionTimerLoop(std::shared_ptr<Session> session) ABSL_LOCKS_EXCLUDED(mu_);
   // Runs one job's handler and reports its outcome.
   void RunJob(std::shared_ptr<RunningJob> job) ABSL_LOCKS_EXCLUDED(mu_);
-  // Hands a job to an idle handler thread, starting one if none is idle. False if no thread
-  // exists and none could be started.
-  bool StartJob(std::shared_ptr<RunningJob> job) ABSL_LOCKS_EXCLUDED(pool_mu_);
-  void HandlerLoop() ABSL_LOCKS_EXCLUDED(pool_mu_);
   v1::WorkerMessage HeartbeatLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Lists the jobs this worker holds, as Hello and heartbeats report them: those running (but
   // not those dropped), then those finished whose results are not acknowledged yet.
@@ -228,14 +231,10 @@ class Worker {
   // Results sent (or to send) and not yet acknowledged.
   worker_internal::ResultLedger results_ ABSL_GUARDED_BY(mu_);
 
-  // Handler threads, started as jobs need them (at most one per job running at once) and kept
-  // for the next jobs: starting a thread per job would cost more than a short job itself.
-  // Taken after mu_, never before it.
-  absl::Mutex pool_mu_ ABSL_ACQUIRED_AFTER(mu_);
-  std::deque<std::shared_ptr<RunningJob>> ready_ ABSL_GUARDED_BY(pool_mu_);
-  std::vector<std::thread> handler_threads_ ABSL_GUARDED_BY(pool_mu_);
-  int idle_handlers_ ABSL_GUARDED_BY(pool_mu_) = 0;
-  bool pool_stopping_ ABSL_GUARDED_BY(pool_mu_) = false;
+  // The threads that run RunJob; handed jobs with mu_ held (its lock is taken after mu_, never
+  // before it). Declared last so that it is destroyed first: its destructor joins the threads,
+  // which use the members above until their last job returns.
+  worker_internal::HandlerPool handlers_;
 };
 
 }  // namespace dispatchd::client
