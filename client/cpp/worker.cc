@@ -75,88 +75,6 @@ void JobContext::Cancel(absl::string_view reason) {
 // ---------------------------------------------------------------------------------------------
 // Worker internals
 
-// One WorkerService.Connect call. The stream is read by the session's thread only; writes from any
-// thread go through Write(), one at a time.
-struct Worker::Session {
-  std::shared_ptr<grpc::Channel> channel;
-  std::unique_ptr<v1::WorkerService::Stub> stub;
-  grpc::ClientContext context;
-  std::unique_ptr<grpc::ClientReaderWriter<v1::WorkerMessage, v1::DaemonMessage>> stream;
-
-  absl::Mutex write_mu;
-  // No more writes: WritesDone was sent or the session is finishing.
-  bool closed ABSL_GUARDED_BY(write_mu) = false;
-
-  // False if the stream is closed or broken (the caller relies on a resend after reconnect).
-  bool Write(const v1::WorkerMessage& message) ABSL_LOCKS_EXCLUDED(write_mu) {
-    absl::MutexLock l(&write_mu);
-    if (closed || stream == nullptr) return false;
-    return stream->Write(message);
-  }
-  void WritesDone() ABSL_LOCKS_EXCLUDED(write_mu) {
-    absl::MutexLock l(&write_mu);
-    if (closed || stream == nullptr) return;
-    closed = true;
-    stream->WritesDone();
-  }
-  void Close() ABSL_LOCKS_EXCLUDED(write_mu) {
-    absl::MutexLock l(&write_mu);
-    closed = true;
-  }
-
-  // Whether the daemon's Welcome said it reads Batch messages; set before any result is sent.
-  std::atomic<bool> batching = false;
-
-  // Sends a result. With batching, results that become ready while another write is under way
-  // wait for it and then go together in one Batch, written by whichever thread finds the outbox
-  // unattended: a lone result is written at once, and under load one write carries many. A
-  // result whose write fails stays unacknowledged and is sent again after the next Welcome.
-  void SendResult(v1::Result result) ABSL_LOCKS_EXCLUDED(write_mu, out_mu) {
-    if (!batching) {
-      v1::WorkerMessage m;
-      *m.mutable_result() = std::move(result);
-      Write(m);
-      return;
-    }
-    {
-      absl::MutexLock l(&out_mu);
-      outbox.push_back(std::move(result));
-      if (flushing) return;
-      flushing = true;
-    }
-    while (true) {
-      v1::WorkerMessage m;
-      {
-        absl::MutexLock l(&out_mu);
-        if (outbox.empty()) {
-          flushing = false;
-          return;
-        }
-        // Up to kMaxBatchBytes of results, and always at least one.
-        size_t n = 0, bytes = 0;
-        for (; n < outbox.size(); ++n) {
-          const size_t size = outbox[n].ByteSizeLong();
-          if (n > 0 && bytes + size > kMaxBatchBytes) break;
-          bytes += size;
-        }
-        v1::Batch* batch = m.mutable_batch();
-        for (size_t i = 0; i < n; ++i) batch->add_results()->Swap(&outbox[i]);
-        outbox.erase(outbox.begin(), outbox.begin() + static_cast<std::ptrdiff_t>(n));
-      }
-      Write(m);
-    }
-  }
-
-  // Results in one Batch at most (a larger result goes alone), well below the daemon's limit on
-  // a message.
-  static constexpr size_t kMaxBatchBytes = 1 << 20;
-
-  absl::Mutex out_mu ABSL_ACQUIRED_BEFORE(write_mu);
-  std::vector<v1::Result> outbox ABSL_GUARDED_BY(out_mu);
-  // A thread is writing the outbox out.
-  bool flushing ABSL_GUARDED_BY(out_mu) = false;
-};
-
 absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(WorkerOptions options, Handler handler) {
   if (options.server.empty()) return absl::InvalidArgumentError("server: empty");
   for (absl::string_view address : absl::StrSplit(options.server, ',')) {
@@ -304,12 +222,7 @@ absl::Status Worker::Run() {
 Worker::SessionEnd Worker::RunSession(const std::string& target, const Credentials& credentials,
                                       std::string* redirect_to, absl::Status* refusal) {
   std::shared_ptr<spdlog::logger> log = Log();
-  auto s = std::make_shared<Session>();
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(-1);
-  s->channel = grpc::CreateCustomChannel(target, credentials.channel, args);
-  credentials.Apply(s->context);
-  s->stub = v1::WorkerService::NewStub(s->channel);
+  auto s = std::make_shared<Session>(target, credentials);
 
   v1::WorkerMessage hello_message;
   v1::Hello& hello = *hello_message.mutable_hello();
@@ -333,17 +246,13 @@ Worker::SessionEnd Worker::RunSession(const std::string& target, const Credentia
   }
   std::thread timer(&Worker::SessionTimerLoop, this, s);
 
-  {
-    // Construct the stream under write_mu so that no Write sees it half-made.
-    absl::MutexLock l(&s->write_mu);
-    s->stream = s->stub->Connect(&s->context);
-  }
+  s->Connect();
   bool welcomed = false;
   bool redirected = false;
   v1::DaemonMessage message;
   if (!s->Write(hello_message)) {
-    s->context.TryCancel();
-  } else if (s->stream->Read(&message)) {
+    s->Cancel();
+  } else if (s->Read(&message)) {
     if (message.has_welcome()) {
       welcomed = true;
       HandleWelcome(s, message.welcome());
@@ -355,11 +264,11 @@ Worker::SessionEnd Worker::RunSession(const std::string& target, const Credentia
     } else {
       log->warn("protocol error worker={} detail=first message is not Welcome (case {})",
                 options_.worker_id, static_cast<int>(message.msg_case()));
-      s->context.TryCancel();
+      s->Cancel();
     }
   }
   if (welcomed) {
-    while (s->stream->Read(&message)) {
+    while (s->Read(&message)) {
       switch (message.msg_case()) {
         case v1::DaemonMessage::kAssign:
           HandleAssign(s, message.assign());
@@ -395,7 +304,7 @@ Worker::SessionEnd Worker::RunSession(const std::string& target, const Credentia
     }
   }
   // Drain whatever is left so Finish() may be called.
-  while (s->stream->Read(&message)) {
+  while (s->Read(&message)) {
   }
   {
     absl::MutexLock l(&mu_);
@@ -404,7 +313,7 @@ Worker::SessionEnd Worker::RunSession(const std::string& target, const Credentia
   }
   timer.join();
   s->Close();
-  grpc::Status status = s->stream->Finish();
+  grpc::Status status = s->Finish();
   bool quiet;
   {
     absl::MutexLock l(&mu_);
@@ -441,7 +350,7 @@ void Worker::HandleWelcome(const std::shared_ptr<Session>& session, const v1::We
   std::vector<v1::Result> resend;
   std::vector<JobKey> dropped;
   bool draining;
-  session->batching = welcome.batching();
+  session->set_batching(welcome.batching());
   {
     absl::MutexLock l(&mu_);
     heartbeat_interval_ = interval;
@@ -530,7 +439,7 @@ void Worker::HandleAssign(const std::shared_ptr<Session>& session, const v1::Ass
       accept->set_attempt(a.attempt());
     }
   };
-  if (session->batching && answers.size() > 1) {
+  if (session->batching() && answers.size() > 1) {
     v1::WorkerMessage out;
     v1::Batch* batch = out.mutable_batch();
     for (const Answer& ans : answers) {
@@ -655,13 +564,13 @@ void Worker::SessionTimerLoop(std::shared_ptr<Session> session) {
     };
     mu_.AwaitWithTimeout(absl::Condition(&settled), options_.welcome_timeout);
     if (session_ != session || shutdown_) {
-      if (shutdown_) session->context.TryCancel();
+      if (shutdown_) session->Cancel();
       return;
     }
     if (!welcomed_) {
       log->warn("no Welcome within {} worker={}", absl::FormatDuration(options_.welcome_timeout),
                 options_.worker_id);
-      session->context.TryCancel();
+      session->Cancel();
       return;
     }
   }
@@ -688,7 +597,7 @@ void Worker::SessionTimerLoop(std::shared_ptr<Session> session) {
       absl::MutexLock l(&mu_);
       auto gone = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return session_ != session; };
       if (!mu_.AwaitWithTimeout(absl::Condition(&gone), absl::Seconds(2))) {
-        session->context.TryCancel();
+        session->Cancel();
       }
       return;
     }
@@ -778,7 +687,7 @@ void Worker::Shutdown() {
     session = session_;
   }
   Log()->info("shutting down worker={}", options_.worker_id);
-  if (session != nullptr) session->context.TryCancel();
+  if (session != nullptr) session->Cancel();
 }
 
 }  // namespace dispatchd::client

@@ -33,6 +33,7 @@
 #include "client/cpp/credentials.h"
 #include "client/cpp/worker_handler_pool.h"
 #include "client/cpp/worker_result_ledger.h"
+#include "client/cpp/worker_session.h"
 #include "dispatchd/v1/worker_service.grpc.pb.h"
 
 namespace dispatchd::client {
@@ -171,8 +172,8 @@ class Worker {
   int RunningJobsForTest() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  struct Session;
   using JobKey = worker_internal::JobKey;
+  using Session = worker_internal::Session;
 
   // A job whose handler has not returned. Fields other than `key` and `context` are guarded by
   // mu_.
