@@ -186,6 +186,9 @@ class Worker {
 
   Worker(WorkerOptions options, Handler handler);
 
+  bool DrainDoneLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Sessions (worker_session.cc; Run() is there too).
   // How a connection attempt ended.
   enum class SessionEnd { kFailed, kWelcomed, kRedirected, kRefused };
   // One connection attempt to `target`: Hello, Welcome, then messages until the stream ends. On
@@ -196,19 +199,22 @@ class Worker {
                         std::string* redirect_to, absl::Status* refusal) ABSL_LOCKS_EXCLUDED(mu_);
   void HandleWelcome(const std::shared_ptr<Session>& session, const v1::Welcome& welcome)
       ABSL_LOCKS_EXCLUDED(mu_);
-  void HandleAssign(const std::shared_ptr<Session>& session, const v1::Assign& assign)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  void HandleCancel(const v1::CancelJob& cancel) ABSL_LOCKS_EXCLUDED(mu_);
   // Heartbeats and the welcome and drain watchdogs of one session.
   void SessionTimerLoop(std::shared_ptr<Session> session) ABSL_LOCKS_EXCLUDED(mu_);
-  // Runs one job's handler and reports its outcome.
-  void RunJob(std::shared_ptr<RunningJob> job) ABSL_LOCKS_EXCLUDED(mu_);
   v1::WorkerMessage HeartbeatLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Lists the jobs this worker holds, as Hello and heartbeats report them: those running (but
   // not those dropped), then those finished whose results are not acknowledged yet.
   void AddHeldJobsLocked(google::protobuf::RepeatedPtrField<v1::HeldJob>* held) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool DrainDoneLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Jobs (worker_handler_pool.cc).
+  // Answers each assignment, decided one by one against the jobs running and max_concurrent_,
+  // and hands each job accepted to handlers_.
+  void HandleAssign(const std::shared_ptr<Session>& session, const v1::Assign& assign)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void HandleCancel(const v1::CancelJob& cancel) ABSL_LOCKS_EXCLUDED(mu_);
+  // Runs one job's handler and reports its outcome.
+  void RunJob(std::shared_ptr<RunningJob> job) ABSL_LOCKS_EXCLUDED(mu_);
 
   const WorkerOptions options_;
   const Handler handler_;
