@@ -6,7 +6,7 @@
 //   dispatchctl set-rate-limit llama-70b --rpm 30 --burst 5
 //   dispatchctl health
 //
-// Exit codes are listed in kExitCodes below, in --help, and in client/cpp/README.md.
+// Exit codes are listed in kExitCodes (dispatchctl_exit.h), in --help, and in client/cpp/README.md.
 
 #include <algorithm>
 #include <cstdio>
@@ -38,169 +38,13 @@
 #include <unistd.h>
 
 #include "client/cpp/dispatch_client.h"
+#include "client/cpp/dispatchctl_exit.h"
+#include "client/cpp/dispatchctl_render.h"
 #include "client/cpp/security_flags.h"
 #include "proto/convert/time_proto.h"
 
-namespace dispatchd::client {
+namespace dispatchd::client::ctl {
 namespace {
-
-enum ExitCode : int {
-  kOk = 0,
-  kJobFailed = 1,
-  kUsage = 2,
-  kJobCancelledOrExpired = 3,
-  kJobActive = 4,
-  kNotFound = 5,
-  kResourceExhausted = 6,
-  kFailedPrecondition = 7,
-  kRpcFailed = 8,
-  kNotServing = 9,
-};
-
-constexpr char kExitCodes[] =
-    "Exit codes:\n"
-    "  0  ok (submit: queued; run/status/watch: the job SUCCEEDED; cancel: the job is now\n"
-    "     CANCELLED; workers/stats/top/drain/set-rate-limit/set-weight/reload: ok; health:\n"
-    "     SERVING)\n"
-    "  1  the job FAILED\n"
-    "  2  usage error, or INVALID_ARGUMENT from the daemon\n"
-    "  3  the job was CANCELLED or EXPIRED\n"
-    "  4  the job is still active (status; also run/watch/cancel when it has not ended)\n"
-    "  5  NOT_FOUND (e.g. an unknown job id, or a model no configured type uses)\n"
-    "  6  RESOURCE_EXHAUSTED: admission refused, try again later (the retry-after is printed)\n"
-    "  7  FAILED_PRECONDITION (e.g. cancelling a job that already ended, a config file that\n"
-    "     reload refused)\n"
-    "  8  daemon unreachable, DEADLINE_EXCEEDED, or any other RPC failure\n"
-    "  9  health: the daemon answers but is NOT_SERVING\n"
-    "Errors are printed as `dispatchctl: <GRPC_CODE>: <message>` on stderr.";
-
-// ---- Output helpers --------------------------------------------------------------------------
-
-std::string ToJson(const google::protobuf::Message& m) {
-  google::protobuf::util::JsonPrintOptions options;
-  options.preserve_proto_field_names = true;
-  options.always_print_primitive_fields = true;
-  std::string out;
-  if (!google::protobuf::util::MessageToJsonString(m, &out, options).ok()) return "{}";
-  return out;
-}
-
-// RFC3339 in UTC with milliseconds; "-" when unset.
-std::string FormatTimestamp(const google::protobuf::Timestamp& t) {
-  if (t.seconds() == 0 && t.nanos() == 0) return "-";
-  return absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", proto_convert::FromProto(t), absl::UTCTimeZone());
-}
-
-std::string StateName(v1::JobState s) {
-  std::string name = v1::JobState_Name(s);
-  absl::string_view v(name);
-  absl::ConsumePrefix(&v, "JOB_STATE_");
-  return name.empty() ? absl::StrCat("STATE_", static_cast<int>(s)) : std::string(v);
-}
-
-bool IsPrintable(absl::string_view s) {
-  return std::all_of(s.begin(), s.end(), [](char c) {
-    auto u = static_cast<unsigned char>(c);
-    return (u >= 0x20 && u < 0x7f) || c == '\n' || c == '\t' || c == '\r' || u >= 0x80;
-  });
-}
-
-// Prints rows as columns separated by two spaces, each as wide as its widest cell.
-void PrintTable(const std::vector<std::vector<std::string>>& rows) {
-  std::vector<size_t> width;
-  for (const auto& row : rows) {
-    if (width.size() < row.size()) width.resize(row.size(), 0);
-    for (size_t i = 0; i < row.size(); ++i) width[i] = std::max(width[i], row[i].size());
-  }
-  for (const auto& row : rows) {
-    std::string line;
-    for (size_t i = 0; i < row.size(); ++i) {
-      line += row[i];
-      if (i + 1 < row.size()) line += std::string(width[i] - row[i].size() + 2, ' ');
-    }
-    std::cout << absl::StripTrailingAsciiWhitespace(line) << "\n";
-  }
-}
-
-void PrintKeyValues(const std::vector<std::pair<std::string, std::string>>& kvs) {
-  size_t w = 0;
-  for (const auto& [k, v] : kvs) w = std::max(w, k.size());
-  for (const auto& [k, v] : kvs) {
-    std::cout << k << ":" << std::string(w - k.size() + 1, ' ') << v << "\n";
-  }
-}
-
-// A number with at most `decimals` decimals and no trailing zeros: 2, 0.5, 1.25.
-std::string FormatNumber(double v, int decimals = 2) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
-  std::string out = buf;
-  if (out.find('.') != std::string::npos) {
-    while (out.back() == '0') out.pop_back();
-    if (out.back() == '.') out.pop_back();
-  }
-  return out == "-0" ? "0" : out;
-}
-
-// A rate in dispatches per second as the config would spell it: "2/s", or "30/min" below 1/s.
-std::string FormatRate(double per_second) {
-  if (per_second >= 1) return absl::StrCat(FormatNumber(per_second), "/s");
-  return absl::StrCat(FormatNumber(per_second * 60), "/min");
-}
-
-// A head-of-line wait reason for a table cell: "-" when nothing waits.
-std::string WaitCell(const std::string& reason, int64_t queued) {
-  return queued == 0 || reason.empty() || reason == "none" ? "-" : reason;
-}
-
-int ExitForStatus(const absl::Status& s) {
-  switch (s.code()) {
-    case absl::StatusCode::kOk:
-      return kOk;
-    case absl::StatusCode::kInvalidArgument:
-      return kUsage;
-    case absl::StatusCode::kNotFound:
-      return kNotFound;
-    case absl::StatusCode::kResourceExhausted:
-      return kResourceExhausted;
-    case absl::StatusCode::kFailedPrecondition:
-      return kFailedPrecondition;
-    default:
-      return kRpcFailed;
-  }
-}
-
-int ExitForState(v1::JobState s) {
-  switch (s) {
-    case v1::JOB_STATE_SUCCEEDED:
-      return kOk;
-    case v1::JOB_STATE_FAILED:
-      return kJobFailed;
-    case v1::JOB_STATE_CANCELLED:
-    case v1::JOB_STATE_EXPIRED:
-      return kJobCancelledOrExpired;
-    default:
-      return kJobActive;
-  }
-}
-
-bool IsTerminal(v1::JobState s) {
-  return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED ||
-         s == v1::JOB_STATE_CANCELLED || s == v1::JOB_STATE_EXPIRED;
-}
-
-int Fail(const absl::Status& s) {
-  std::cerr << "dispatchctl: " << absl::StatusCodeToString(s.code()) << ": " << s.message() << "\n";
-  if (std::optional<absl::Duration> after = RetryAfter(s); after.has_value()) {
-    std::cerr << "dispatchctl: retry after " << absl::FormatDuration(*after) << "\n";
-  }
-  return ExitForStatus(s);
-}
-
-int Usage(absl::string_view message) {
-  std::cerr << "dispatchctl: " << message << "\nRun with --help for more information.\n";
-  return kUsage;
-}
 
 // ---- Flag parsing ----------------------------------------------------------------------------
 
@@ -301,54 +145,6 @@ struct SpecFlags {
 
 // ---- Commands --------------------------------------------------------------------------------
 
-void PrintJobHuman(const v1::Job& job) {
-  std::vector<std::pair<std::string, std::string>> kvs = {
-      {"id", job.id()},
-      {"type", job.spec().type()},
-      {"state", StateName(job.state())},
-      {"attempt", absl::StrCat(job.attempt(), "/", job.max_attempts())},
-      {"worker", job.worker_id().empty() ? "-" : job.worker_id()},
-      {"created", FormatTimestamp(job.created_at())},
-      {"dispatched", FormatTimestamp(job.dispatched_at())},
-      {"started", FormatTimestamp(job.started_at())},
-      {"finished", FormatTimestamp(job.finished_at())},
-  };
-  if (!job.spec().resource_id().empty()) kvs.emplace_back("resource", job.spec().resource_id());
-  if (!job.fairness_key().empty()) kvs.emplace_back("fairness key", job.fairness_key());
-  if (!job.wait_reason().empty()) {
-    kvs.emplace_back("waiting", absl::StrCat(job.wait_reason(), ", position ", job.queue_position(),
-                                             " (", job.keys_ahead(),
-                                             job.keys_ahead() == 1 ? " key" : " keys", " ahead)"));
-    auto percent = [](double f) { return absl::StrFormat("%.0f%%", 100 * f); };
-    kvs.emplace_back("tenant share",
-                     absl::StrCat(job.tenant().empty() ? "(no tenant)" : job.tenant(), ": ",
-                                  percent(job.tenant_share()), " of the running jobs, fair ",
-                                  percent(job.tenant_fair_share())));
-    kvs.emplace_back("key share", absl::StrCat(percent(job.key_share()), " of its tenant's, fair ",
-                                               percent(job.key_fair_share())));
-    if (!job.conflict_holder().empty()) kvs.emplace_back("conflicts with", job.conflict_holder());
-    if (job.has_next_token_at()) {
-      kvs.emplace_back("next token", FormatTimestamp(job.next_token_at()));
-    }
-    if (job.has_estimated_start_at()) {
-      kvs.emplace_back("expected start", FormatTimestamp(job.estimated_start_at()));
-    }
-  }
-  kvs.emplace_back("error", job.error().empty() ? "-" : job.error());
-  kvs.emplace_back("result size", absl::StrCat(job.result().size(), " bytes"));
-  if (!job.result().empty() && job.result().size() <= 200 && IsPrintable(job.result())) {
-    kvs.emplace_back("result", absl::CEscape(job.result()));
-  }
-  PrintKeyValues(kvs);
-}
-
-void PrintRunResult(const v1::Job& job) {
-  const std::string& out = job.result();
-  std::fwrite(out.data(), 1, out.size(), stdout);
-  if (isatty(STDOUT_FILENO) && (out.empty() || out.back() != '\n')) std::fputc('\n', stdout);
-  std::fflush(stdout);
-}
-
 int CmdSubmit(Client& client, const SpecFlags& flags, bool json) {
   absl::StatusOr<v1::JobSpec> spec = flags.Build();
   if (!spec.ok()) return Usage(spec.status().message());
@@ -388,7 +184,7 @@ int CmdStatus(Client& client, const std::string& id, bool json) {
   if (json) {
     std::cout << ToJson(*job) << "\n";
   } else {
-    PrintJobHuman(*job);
+    PrintJob(*job);
   }
   return ExitForState(job->state());
 }
@@ -404,49 +200,6 @@ int CmdCancel(Client& client, const std::string& id, bool json) {
   if (job->state() == v1::JOB_STATE_CANCELLED) return kOk;
   return IsTerminal(job->state()) ? kFailedPrecondition : kJobActive;
 }
-
-// On a terminal, a last line that says how long the job has been in its state, rewritten every
-// 250 ms below the lines of its state changes, and erased when the watch ends.
-class ProgressLine {
- public:
-  ProgressLine() : thread_([this] { Run(); }) {}
-  ~ProgressLine() {
-    {
-      absl::MutexLock l(&mu_);
-      stopping_ = true;
-    }
-    thread_.join();
-    std::cout << "\r\033[K" << std::flush;
-  }
-  // Prints `line` above the progress line, which then counts from `since`.
-  void Event(const std::string& line, const std::string& state, absl::Time since) {
-    absl::MutexLock l(&mu_);
-    std::cout << "\r\033[K" << line << "\n";
-    state_ = state;
-    since_ = since;
-    DrawLocked();
-  }
-
- private:
-  void Run() {
-    absl::MutexLock l(&mu_);
-    while (!mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::Milliseconds(250))) {
-      DrawLocked();
-    }
-  }
-  void DrawLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (state_.empty()) return;
-    const int64_t seconds = std::max<int64_t>(0, absl::ToInt64Seconds(absl::Now() - since_));
-    std::cout << "\r\033[K  " << state_ << " for " << absl::FormatDuration(absl::Seconds(seconds))
-              << " ..." << std::flush;
-  }
-
-  absl::Mutex mu_;
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::string state_ ABSL_GUARDED_BY(mu_);
-  absl::Time since_ ABSL_GUARDED_BY(mu_);
-  std::thread thread_;
-};
 
 int CmdWatch(Client& client, const std::string& id, bool json, absl::Duration wait) {
   v1::JobState last = v1::JOB_STATE_UNSPECIFIED;
@@ -466,8 +219,7 @@ int CmdWatch(Client& client, const std::string& id, bool json, absl::Duration wa
         absl::Time at =
             job.has_updated_at() ? proto_convert::FromProto(job.updated_at()) : absl::Now();
         const std::string line =
-            absl::StrCat(absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", at, absl::UTCTimeZone()), " ",
-                         StateName(job.state()), " attempt=", job.attempt(),
+            absl::StrCat(FormatUtcTime(at), " ", StateName(job.state()), " attempt=", job.attempt(),
                          " worker=", job.worker_id().empty() ? "-" : job.worker_id());
         if (progress.has_value()) {
           progress->Event(line, StateName(job.state()), at);
@@ -622,23 +374,7 @@ int CmdWorkers(Client& client, bool json) {
     std::cout << ToJson(*r) << "\n";
     return kOk;
   }
-  std::vector<std::vector<std::string>> rows = {{"ID", "PEER", "TYPES", "BUSY/SLOTS", "MODELS",
-                                                 "VRAM GB", "LOADS", "LABELS", "CONNECTED",
-                                                 "LAST SEEN"}};
-  for (const v1::WorkerInfo& w : r->workers()) {
-    std::map<std::string, std::string> labels(w.labels().begin(), w.labels().end());
-    // VRAM: in use / total; "-" for a worker that reported no GPU.
-    std::string vram = w.vram_gb() < 0 ? "-"
-                                       : absl::StrCat(FormatNumber(w.vram_in_use_gb(), 1), "/",
-                                                      FormatNumber(w.vram_gb(), 1));
-    rows.push_back({w.worker_id() + (w.draining() ? " (draining)" : ""), w.peer(),
-                    absl::StrJoin(w.types(), ","), absl::StrCat(w.busy(), "/", w.slots()),
-                    w.models_resident().empty() ? "-" : absl::StrJoin(w.models_resident(), ","),
-                    vram, absl::StrCat(w.model_loads()),
-                    labels.empty() ? "-" : absl::StrJoin(labels, ",", absl::PairFormatter("=")),
-                    FormatTimestamp(w.connected_at()), FormatTimestamp(w.last_seen())});
-  }
-  PrintTable(rows);
+  PrintWorkers(*r);
   return kOk;
 }
 
@@ -649,87 +385,7 @@ int CmdStats(Client& client, bool json) {
     std::cout << ToJson(*r) << "\n";
     return kOk;
   }
-  // Tiers, types, models and keys, each a table; WAITING-ON is why the first job in line waits.
-  if (!r->tiers().empty()) {
-    std::vector<std::vector<std::string>> rows = {
-        {"TIER", "PRIORITY", "CAP", "QUEUED", "RUNNING", "WAITING-ON"}};
-    for (const v1::TierStats& t : r->tiers()) {
-      rows.push_back({t.tier(), absl::StrCat(t.priority()),
-                      t.cap() == 0 ? "-" : absl::StrCat(t.cap()), absl::StrCat(t.queued()),
-                      absl::StrCat(t.running()), WaitCell(t.head_wait_reason(), t.queued())});
-    }
-    PrintTable(rows);
-    std::cout << "\n";
-  }
-  {
-    std::vector<std::vector<std::string>> rows = {{"TYPE", "QUEUED", "DISPATCHED", "RUNNING",
-                                                   "SUCCEEDED", "FAILED", "CANCELLED", "EXPIRED",
-                                                   "WAITING-ON"}};
-    for (const v1::TypeStats& t : r->types()) {
-      rows.push_back({t.type(), absl::StrCat(t.queued()), absl::StrCat(t.dispatched()),
-                      absl::StrCat(t.running()), absl::StrCat(t.succeeded()),
-                      absl::StrCat(t.failed()), absl::StrCat(t.cancelled()),
-                      absl::StrCat(t.expired()), WaitCell(t.head_wait_reason(), t.queued())});
-    }
-    PrintTable(rows);
-    std::cout << "\n";
-  }
-  if (!r->models().empty()) {
-    std::vector<std::vector<std::string>> rows = {
-        {"MODEL", "QUEUED", "RUNNING", "TOKENS", "RATE", "BURST", "RESIDENT", "WAITING-ON"}};
-    for (const v1::ModelStats& m : r->models()) {
-      const bool limited = m.tokens() >= 0;
-      rows.push_back({m.model(), absl::StrCat(m.queued()), absl::StrCat(m.running()),
-                      limited ? FormatNumber(m.tokens()) : "-",
-                      limited ? FormatRate(m.rate_per_second()) : "-",
-                      limited ? absl::StrCat(m.burst()) : "-", absl::StrCat(m.resident_on()),
-                      WaitCell(m.head_wait_reason(), m.queued())});
-    }
-    PrintTable(rows);
-    std::cout << "\n";
-  }
-  if (!r->tenants().empty()) {
-    std::vector<std::vector<std::string>> rows = {
-        {"TENANT", "WEIGHT", "QUEUED", "RUNNING", "SHARE", "FAIR", "COST", "FLOOR", "CEILING"}};
-    auto percent = [](double f) { return absl::StrFormat("%.0f%%", 100 * f); };
-    for (const v1::TenantStats& t : r->tenants()) {
-      rows.push_back({t.tenant().empty() ? "-" : t.tenant(), FormatNumber(t.weight()),
-                      absl::StrCat(t.queued()), absl::StrCat(t.running()), percent(t.share()),
-                      percent(t.fair_share()), FormatNumber(t.cost()),
-                      t.min_running() == 0 ? "-" : absl::StrCat(t.min_running()),
-                      t.max_running() == 0 ? "-" : absl::StrCat(t.max_running())});
-    }
-    PrintTable(rows);
-    std::cout << "\n";
-  }
-  if (!r->keys().empty()) {
-    std::vector<std::vector<std::string>> rows = {
-        {"KEY", "QUEUED", "RUNNING", "COST", "WAITING-ON"}};
-    for (const v1::KeyStats& k : r->keys()) {
-      rows.push_back({k.fairness_key(), absl::StrCat(k.queued()), absl::StrCat(k.running()),
-                      FormatNumber(k.cost()), WaitCell(k.head_wait_reason(), k.queued())});
-    }
-    PrintTable(rows);
-    if (r->keys_total() > r->keys_size()) {
-      std::cout << "(the " << r->keys_size() << " lowest-cost of " << r->keys_total()
-                << " fairness keys)\n";
-    }
-    std::cout << "\n";
-  }
-  const v1::LeaderInfo& leader = r->leader();
-  std::string leader_line =
-      leader.address().empty() ? std::string("none known yet")
-                               : absl::StrCat(leader.address(), " (epoch ", leader.epoch(), ")");
-  if (!leader.is_leader()) {
-    // A standby has no workers or scheduler: only the leader does.
-    PrintKeyValues({{"leader", leader_line}, {"this daemon", "standby (ask the leader for more)"}});
-    return kOk;
-  }
-  PrintKeyValues({{"leader", absl::StrCat(leader_line, ", this daemon")},
-                  {"workers", absl::StrCat(r->workers())},
-                  {"slots busy/total", absl::StrCat(r->slots_busy(), "/", r->slots_total())},
-                  {"fairness keys", absl::StrCat(r->keys_total())},
-                  {"accounting repairs", absl::StrCat(r->accounting_repairs())}});
+  PrintStats(*r);
   return kOk;
 }
 
@@ -955,6 +611,6 @@ int Main(int argc, char** argv) {
 }
 
 }  // namespace
-}  // namespace dispatchd::client
+}  // namespace dispatchd::client::ctl
 
-int main(int argc, char** argv) { return dispatchd::client::Main(argc, argv); }
+int main(int argc, char** argv) { return dispatchd::client::ctl::Main(argc, argv); }
