@@ -36,11 +36,12 @@ Dispatcher::Dispatcher(config::Config config, store::JobStore& store, Clock& clo
 Dispatcher::~Dispatcher() { Stop(); }
 
 absl::Status Dispatcher::Start() {
-  for (const std::string& warning : config_.Warnings()) server::Log("dispatch")->warn("{}", warning);
+  loop_role_.Take();  // until the loop thread starts
+  for (const std::string& warning : config_.Warnings())
+    server::Log("dispatch")->warn("{}", warning);
   absl::StatusOr<std::vector<job::Job>> placed = store_.LoadPlaced();
   if (!placed.ok()) return placed.status();
-  absl::StatusOr<store::QueuedHeads> heads =
-      store_.LoadQueuedHeads(config_.scheduler.queue_window);
+  absl::StatusOr<store::QueuedHeads> heads = store_.LoadQueuedHeads(config_.scheduler.queue_window);
   if (!heads.ok()) return heads.status();
   const absl::Time now = clock_.TimeNow();
   // Shares as the previous leader left them, before the jobs in service are charged on top.
@@ -86,6 +87,7 @@ void Dispatcher::Stop() {
     stopping_ = true;
   }
   if (loop_.joinable()) loop_.join();
+  loop_role_.Take();  // the loop has ended: what it held is this thread's now
   if (writer_ != nullptr && !accounts_in_flight_.load()) SaveAccounts(/*wait=*/true);
   // Turns in flight finish writing; what they wrote is settled by the next term (claimed jobs
   // that were never assigned are DISPATCHED rows it holds for orphan_grace, unacknowledged
@@ -119,6 +121,7 @@ bool Dispatcher::JobQueued(job::Job& job, sched::Reservation& reservation) {
   absl::MutexLock l(&mu_);
   if (stopping_) return false;
   tasks_.push_back([this, job = std::move(job), reservation = std::move(reservation)]() mutable {
+    loop_role_.Assert();
     TakeQueued(std::move(job), std::move(reservation));
   });
   return true;
@@ -153,7 +156,11 @@ void Dispatcher::Keep(job::Job row) {
 void Dispatcher::Refill(absl::Time now) {
   if (pager_.windows() == 0 || reconcile_in_flight_) return;
   std::vector<QueuePager::Page> pages = pager_.DuePages(
-      [this](const QueueId& q) { return scheduler_.queued_of(q.first, q.second); }, now);
+      [this](const QueueId& q) {
+        loop_role_.Assert();
+        return scheduler_.queued_of(q.first, q.second);
+      },
+      now);
   for (QueuePager::Page& page : pages) {
     ++reads_in_flight_;
     writer_->Read<absl::StatusOr<std::vector<job::Job>>>(
@@ -163,6 +170,7 @@ void Dispatcher::Refill(absl::Time now) {
         },
         [this, page](absl::StatusOr<std::vector<job::Job>> rows) mutable {
           Post([this, page = std::move(page), rows = std::move(rows)]() mutable {
+            loop_role_.Assert();
             ApplyPage(page, std::move(rows));
           });
         });
@@ -192,6 +200,7 @@ void Dispatcher::ApplyPage(const QueuePager::Page& page,
 
 void Dispatcher::JobCancelled(const std::string& job_id, job::JobState previous) {
   Post([this, job_id, previous] {
+    loop_role_.Assert();
     Drop(job_id, "cancelled by client", clock_.TimeNow());
     server::Log("dispatch")->debug("cancelled job={} from={}", job_id, job::ToString(previous));
     events_.Publish(job_id, JobState::kCancelled);
@@ -217,6 +226,7 @@ void Dispatcher::Drop(const std::string& job_id, const std::string& why, absl::T
 
 void Dispatcher::RowsChanged(std::vector<job::Job> rows) {
   Post([this, rows = std::move(rows)] {
+    loop_role_.Assert();
     const absl::Time now = clock_.TimeNow();
     for (const job::Job& row : rows) OnRowChanged(row, now);
   });
@@ -238,6 +248,7 @@ void Dispatcher::OnRowChanged(const job::Job& row, absl::Time now) {
 }
 
 void Dispatcher::Loop() {
+  loop_role_.Take();
   while (true) {
     std::deque<absl::AnyInvocable<void()>> batch;
     {
@@ -286,6 +297,7 @@ void Dispatcher::PublishTenantLoad() {
   for (const std::string& t : limited) active[t] = scheduler_.TenantActive(t);
   // Rows waiting in the database beyond a queue's window count for the tenant of its key.
   pager_.ForEachUnheld([&](const QueueId& queue, int64_t unheld) {
+    loop_role_.Assert();
     auto it = active.find(scheduler_.TenantOfKey(queue.second));
     if (it != active.end()) it->second += unheld;
   });
@@ -344,8 +356,10 @@ sched::SchedulerStats Dispatcher::SchedulerStats(size_t max_keys) {
   auto out = std::make_shared<sched::SchedulerStats>();
   // A late task may still write *out: read it only if the loop ran it in time.
   if (!RunOnLoop([this, out, max_keys] {
+        loop_role_.Assert();
         *out = scheduler_.Stats(clock_.TimeNow(), max_keys);
         pager_.ForEachUnheld([&](const QueueId& queue, int64_t unheld) {
+          loop_role_.Assert();
           scheduler_.AddQueued(*out, queue.first, queue.second, unheld);
         });
       })) {
@@ -358,6 +372,7 @@ std::optional<sched::WaitInfo> Dispatcher::WhyWaiting(const job::Job& job, bool*
   auto out = std::make_shared<std::optional<sched::WaitInfo>>();
   auto outside = std::make_shared<bool>(false);
   if (!RunOnLoop([this, out, outside, id = job.id, queue = QueueOf(job), seq = job.seq] {
+        loop_role_.Assert();
         if (scheduler_.IsPending(id)) {
           *out = scheduler_.WhyWaiting(id, clock_.TimeNow());
           return;
@@ -365,9 +380,8 @@ std::optional<sched::WaitInfo> Dispatcher::WhyWaiting(const job::Job& job, bool*
         if (pager_.PagedOut(queue, seq)) {
           // In line behind every job of its queue held here.
           *outside = true;
-          *out = sched::WaitInfo{
-              .reason = sched::WaitReason::kInLine,
-              .position = scheduler_.queued_of(queue.first, queue.second) + 1};
+          *out = sched::WaitInfo{.reason = sched::WaitReason::kInLine,
+                                 .position = scheduler_.queued_of(queue.first, queue.second) + 1};
         }
       })) {
     return std::nullopt;
@@ -379,10 +393,12 @@ std::optional<sched::WaitInfo> Dispatcher::WhyWaiting(const job::Job& job, bool*
 bool Dispatcher::SetRateLimit(const std::string& rate_key, config::RateLimit limit) {
   auto out = std::make_shared<bool>(false);
   bool ran = RunOnLoop([this, out, rate_key, limit] {
+    loop_role_.Assert();
     *out = scheduler_.SetRateLimit(rate_key, limit, clock_.TimeNow());
     if (*out) {
-      server::Log("dispatch")->info("rate limit set key={} per_second={} burst={}", rate_key,
-                                    limit.per_second, limit.burst);
+      server::Log("dispatch")
+          ->info("rate limit set key={} per_second={} burst={}", rate_key, limit.per_second,
+                 limit.burst);
     }
   });
   return ran && *out;
@@ -391,6 +407,7 @@ bool Dispatcher::SetRateLimit(const std::string& rate_key, config::RateLimit lim
 bool Dispatcher::SetTenantWeight(const std::string& tenant, double weight) {
   auto out = std::make_shared<bool>(false);
   bool ran = RunOnLoop([this, out, tenant, weight] {
+    loop_role_.Assert();
     *out = scheduler_.SetTenantWeight(tenant, weight, clock_.TimeNow());
     if (*out) {
       server::Log("dispatch")->info("tenant weight set tenant={} weight={}", tenant, weight);
@@ -403,8 +420,8 @@ Dispatcher::TypeMetrics& Dispatcher::MetricsOf(const std::string& type) {
   auto [it, added] = type_metrics_.try_emplace(type);
   if (added) {
     metrics::DaemonMetrics& m = metrics::Metrics();
-    it->second = TypeMetrics{.queue_wait = &m.queue_wait.With({type}),
-                             .run_time = &m.run_time.With({type})};
+    it->second =
+        TypeMetrics{.queue_wait = &m.queue_wait.With({type}), .run_time = &m.run_time.With({type})};
   }
   return it->second;
 }
@@ -416,6 +433,7 @@ void Dispatcher::ObserveRun(const Held& h, absl::Time now) {
 
 bool Dispatcher::UpdateConfig(config::Config config) {
   return RunOnLoop([this, config = std::move(config)]() mutable {
+    loop_role_.Assert();
     config_ = std::move(config);
     scheduler_.UpdateConfig(config_, clock_.TimeNow());
     for (const std::string& warning : config_.Warnings()) {
@@ -431,8 +449,8 @@ void Dispatcher::Sweep(absl::Time now) {
     if (now - s.last_seen > config_.worker_stale_after) stale.push_back(id);
   }
   for (const std::string& id : stale) {
-    LoseWorker(id, absl::StrCat("no heartbeat for ",
-                                absl::FormatDuration(config_.worker_stale_after)));
+    LoseWorker(id,
+               absl::StrCat("no heartbeat for ", absl::FormatDuration(config_.worker_stale_after)));
   }
 
   std::vector<std::string> orphaned, timed_out;
@@ -491,7 +509,10 @@ void Dispatcher::Expire(absl::Time now) {
   next_expiry_ = now + kExpiryInterval;
   expiry_in_flight_ = true;
   writer_->Expire(now, kExpiredError, [this](absl::StatusOr<std::vector<std::string>> expired) {
-    Post([this, expired = std::move(expired)]() mutable { ApplyExpired(std::move(expired)); });
+    Post([this, expired = std::move(expired)]() mutable {
+      loop_role_.Assert();
+      ApplyExpired(std::move(expired));
+    });
   });
 }
 

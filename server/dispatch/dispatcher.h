@@ -25,6 +25,7 @@
 #include "lib/sched/memory_throttle.h"
 #include "lib/sched/scheduler.h"
 #include "lib/util/clock.h"
+#include "lib/util/thread_role.h"
 #include "server/dispatch/job_events.h"
 #include "server/dispatch/overflow_hook.h"
 #include "server/dispatch/queue_pager.h"
@@ -180,92 +181,119 @@ class Dispatcher {
   bool RunOnLoop(std::function<void()> task) ABSL_LOCKS_EXCLUDED(mu_);
   void Loop() ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Everything below runs on the loop thread only.
+  // Everything below runs on the loop thread only (ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_),
+  // checked by the thread-safety analysis; see lib/util/thread_role.h).
   //
   // dispatcher.cc: the loop's housekeeping.
-  void TakeQueued(job::Job job, sched::Reservation reservation);
+  void TakeQueued(job::Job job, sched::Reservation reservation)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // Holds a QUEUED row: into jobs_ and the scheduler, without its payload.
-  void Keep(job::Job row);
+  void Keep(job::Job row) ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // Holds a DISPATCHED or RUNNING row whose worker may still run it (after a restart, or found
   // by the reconcile): placed on that worker for orphan_grace, then orphaned unless it re-attaches.
-  void HoldPlaced(job::Job row, absl::Time now);
+  void HoldPlaced(job::Job row, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // Reads the next rows of queues whose window ran below half full (QueuePager).
-  void Refill(absl::Time now);
-  void ApplyPage(const QueuePager::Page& page, absl::StatusOr<std::vector<job::Job>> rows);
+  void Refill(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
+  void ApplyPage(const QueuePager::Page& page, absl::StatusOr<std::vector<job::Job>> rows)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // Tells the admission gate what the loop holds now.
-  void PublishLoad(absl::Time now);
+  void PublishLoad(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // Tells the admission gate the active jobs of each tenant that has a max_active.
-  void PublishTenantLoad();
+  void PublishTenantLoad() ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // Saves the scheduler's changed fair-share accounts through the writer (waiting, with `wait`).
-  void SaveAccounts(bool wait);
-  void Sweep(absl::Time now);
-  void Expire(absl::Time now);
-  void ApplyExpired(absl::StatusOr<std::vector<std::string>> expired);
-  void OnRowChanged(const job::Job& row, absl::Time now);
+  void SaveAccounts(bool wait) ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
+  void Sweep(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
+  void Expire(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
+  void ApplyExpired(absl::StatusOr<std::vector<std::string>> expired)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
+  void OnRowChanged(const job::Job& row, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // Forgets a job whose row ended elsewhere; its worker, if any, is told to stop.
-  void Drop(const std::string& job_id, const std::string& why, absl::Time now);
-  TypeMetrics& MetricsOf(const std::string& type);
+  void Drop(const std::string& job_id, const std::string& why, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
+  TypeMetrics& MetricsOf(const std::string& type) ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // An attempt's run time, from the worker's accept to its result, for a job that was accepted.
-  void ObserveRun(const Held& h, absl::Time now);
-  sched::PendingJob ToPending(const Held& h) const;
-  sched::PlacedJob ToPlaced(const job::Job& job, const std::string& worker_id) const;
+  void ObserveRun(const Held& h, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
+  sched::PendingJob ToPending(const Held& h) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
+  sched::PlacedJob ToPlaced(const job::Job& job, const std::string& worker_id) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // How long an attempt that started at `started_at` has run, if that is known.
   static std::optional<absl::Duration> RanSince(absl::Time started_at, absl::Time now);
-  const config::JobTypeConfig* TypeOf(const job::Job& job) const;
+  const config::JobTypeConfig* TypeOf(const job::Job& job) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // What a failed attempt of this job leads to (max_attempts and the type's backoff).
-  job::RetryPolicy PolicyOf(const job::Job& job, int32_t attempt, absl::Time now) const;
+  job::RetryPolicy PolicyOf(const job::Job& job, int32_t attempt, absl::Time now) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // Whether a running job whose worker is gone is retried (on_orphan: requeue).
-  bool RequeuesOrphans(const job::Job& job) const;
+  bool RequeuesOrphans(const job::Job& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
 
   // dispatcher_turns.cc: the one write path. Each decision owes its job a write
   // (AttemptState::owed, the job listed in owed_); CommitTurn hands the owed writes that may go,
   // with the scheduler's dispatch decisions as claims, to the writer as one turn; FinishTurn
   // applies what the store made of it. On an error the writes are owed again and go after
   // kStoreErrorPause, with dispatching paused as long, and the claims are retracted.
-  void Owe(const std::string& job_id) { owed_.insert(job_id); }
-  void CommitTurn(absl::Time now);
-  void FinishTurn(Turn turn, TurnResult result);
+  void Owe(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_) {
+    owed_.insert(job_id);
+  }
+  void CommitTurn(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
+  void FinishTurn(Turn turn, TurnResult result) ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // A job's write in flight was answered: `changed` if the row took it, `failed` if the store
   // did not answer.
-  void Answered(Held& h, bool changed, bool failed, absl::Time now);
+  void Answered(Held& h, bool changed, bool failed, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // Assigns the claimed jobs to their workers, with the payloads the claim returned (moved
   // out); the rest go back to the queue.
   void ApplyClaims(const std::vector<sched::Dispatch>& decisions,
                    const std::vector<std::string>& claimed, std::vector<std::string>& payloads,
-                   absl::Time now);
+                   absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // The claim of `decisions` failed: back to the queue.
-  void RetractClaims(const std::vector<sched::Dispatch>& decisions);
+  void RetractClaims(const std::vector<sched::Dispatch>& decisions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // The reconcile (reconciler.h): a snapshot once no turn is in flight, the reads on the
   // writer, and the repairs back on the loop.
-  void StartReconcile(absl::Time now);
-  void ApplyReconcile(ReconcileReads reads);
+  void StartReconcile(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
+  void ApplyReconcile(ReconcileReads reads) ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
 
   // dispatcher_workers.cc: worker streams and what they say about their jobs.
-  void OnHello(const std::shared_ptr<WorkerLink>& link, const v1::Hello& hello, absl::Time now);
-  void OnAccept(const std::string& worker_id, const v1::Accept& accept, absl::Time now);
-  void OnReject(const std::string& worker_id, const v1::Reject& reject);
-  void OnResult(const std::string& worker_id, const v1::Result& result, absl::Time now);
+  void OnHello(const std::shared_ptr<WorkerLink>& link, const v1::Hello& hello, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
+  void OnAccept(const std::string& worker_id, const v1::Accept& accept, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
+  void OnReject(const std::string& worker_id, const v1::Reject& reject)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
+  void OnResult(const std::string& worker_id, const v1::Result& result, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // Checks a heartbeat's held jobs against the jobs placed on the worker (both ways).
-  void OnHeartbeat(const std::string& worker_id, const v1::Heartbeat& heartbeat, absl::Time now);
-  void OnDisconnect(const std::shared_ptr<WorkerLink>& link, absl::Time now);
-  void LoseWorker(const std::string& worker_id, const std::string& reason);
+  void OnHeartbeat(const std::string& worker_id, const v1::Heartbeat& heartbeat, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
+  void OnDisconnect(const std::shared_ptr<WorkerLink>& link, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
+  void LoseWorker(const std::string& worker_id, const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // A job whose worker is gone: DISPATCHED returns to the queue, RUNNING follows on_orphan.
-  void Orphan(Held& h, const std::string& reason, absl::Time now);
+  void Orphan(Held& h, const std::string& reason, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // Applies the memory throttle to a worker from its heartbeat, with hysteresis.
-  void CheckMemory(const std::string& worker_id, const v1::Heartbeat& heartbeat);
+  void CheckMemory(const std::string& worker_id, const v1::Heartbeat& heartbeat)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // The connected workers, by rank (Workers() and DrainWorker() wrap it).
-  std::vector<v1::WorkerInfo> WorkersNow() const;
+  std::vector<v1::WorkerInfo> WorkersNow() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // Acknowledges a worker's result once its outcome is durable (or known to be stale). Acks are
   // sent at the end of the loop turn, all of a worker's in one ResultAcks if it reads them.
-  void SendAck(const std::string& worker_id, const std::string& job_id, int32_t attempt);
-  void FlushAcks();
-  void SendTo(const std::string& worker_id, v1::DaemonMessage msg);
+  void SendAck(const std::string& worker_id, const std::string& job_id, int32_t attempt)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
+  void FlushAcks() ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
+  void SendTo(const std::string& worker_id, v1::DaemonMessage msg)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   void SendCancel(const std::string& worker_id, const std::string& job_id, int32_t attempt,
-                  const std::string& reason);
+                  const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // The worker id of the session whose link this is, or empty.
-  std::string WorkerIdOf(const std::shared_ptr<WorkerLink>& link) const;
+  std::string WorkerIdOf(const std::shared_ptr<WorkerLink>& link) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
 
-  config::Config config_;  // loop-confined after Start (UpdateConfig replaces it on the loop)
+  // Plays the loop: Start() until the loop thread starts, then the loop thread, then Stop()
+  // once it has joined it.
+  util::ThreadRole loop_role_;
+  config::Config config_ ABSL_GUARDED_BY(loop_role_);  // UpdateConfig replaces it on the loop
   store::JobStore& store_;  // read at Start only; everything after goes through writer_
   Clock& clock_;
   JobEvents& events_;
@@ -286,41 +314,42 @@ class Dispatcher {
   std::atomic<bool> accounts_failed_{false};
   std::unique_ptr<TurnWriter> writer_;
 
-  // Loop-confined state.
-  absl::flat_hash_map<std::string, TypeMetrics> type_metrics_;
-  QueuePager pager_;
-  sched::Scheduler scheduler_;
+  // The loop's state.
+  absl::flat_hash_map<std::string, TypeMetrics> type_metrics_ ABSL_GUARDED_BY(loop_role_);
+  QueuePager pager_ ABSL_GUARDED_BY(loop_role_);
+  sched::Scheduler scheduler_ ABSL_GUARDED_BY(loop_role_);
   sched::AdmissionGate& admission_;
-  OverflowHook overflow_hook_;
-  int64_t ended_since_publish_ = 0;  // jobs that left jobs_ for good since the last PublishLoad
-  absl::flat_hash_map<std::string, Held> jobs_;
-  absl::flat_hash_set<std::string> owed_;  // jobs whose AttemptState owes a write
+  OverflowHook overflow_hook_ ABSL_GUARDED_BY(loop_role_);
+  // Jobs that left jobs_ for good since the last PublishLoad.
+  int64_t ended_since_publish_ ABSL_GUARDED_BY(loop_role_) = 0;
+  absl::flat_hash_map<std::string, Held> jobs_ ABSL_GUARDED_BY(loop_role_);
+  absl::flat_hash_set<std::string> owed_ ABSL_GUARDED_BY(loop_role_);  // AttemptState::owed
   // Claimed rows of jobs no longer held here (cancelled while the claim was in flight): each
   // goes back to the queue in the next turn.
-  std::vector<store::ReturnRequest> stray_returns_;
-  absl::flat_hash_map<std::string, Session> sessions_;
-  int turns_in_flight_ = 0;
-  int reads_in_flight_ = 0;  // page reads
-  bool expiry_in_flight_ = false;
+  std::vector<store::ReturnRequest> stray_returns_ ABSL_GUARDED_BY(loop_role_);
+  absl::flat_hash_map<std::string, Session> sessions_ ABSL_GUARDED_BY(loop_role_);
+  int turns_in_flight_ ABSL_GUARDED_BY(loop_role_) = 0;
+  int reads_in_flight_ ABSL_GUARDED_BY(loop_role_) = 0;  // page reads
+  bool expiry_in_flight_ ABSL_GUARDED_BY(loop_role_) = false;
   // The reconcile is due (it starts once no turn or read is in flight), or its reads are on the
   // writer (no turn starts until they are applied).
-  bool reconcile_due_ = false;
-  bool reconcile_in_flight_ = false;
+  bool reconcile_due_ ABSL_GUARDED_BY(loop_role_) = false;
+  bool reconcile_in_flight_ ABSL_GUARDED_BY(loop_role_) = false;
   // Jobs dropped (cancelled, ended elsewhere) while a turn or a read was in flight: a claim of
   // one that comes back won is no bug, and a page that still lists one does not hold it.
-  absl::flat_hash_set<std::string> dropped_in_flight_;
+  absl::flat_hash_set<std::string> dropped_in_flight_ ABSL_GUARDED_BY(loop_role_);
   // After a write the store refused for want of an answer: writes and claims wait till then.
-  absl::Time paused_until_ = absl::InfinitePast();
+  absl::Time paused_until_ ABSL_GUARDED_BY(loop_role_) = absl::InfinitePast();
   // When CommitTurn must run next: a RUNNING mark falls due, or a paused write may go again.
-  absl::Time next_flush_ = absl::InfiniteFuture();
+  absl::Time next_flush_ ABSL_GUARDED_BY(loop_role_) = absl::InfiniteFuture();
   // Acks of this loop turn, by worker, sent by FlushAcks.
-  absl::flat_hash_map<std::string, v1::ResultAcks> unsent_acks_;
-  absl::Time next_sweep_ = absl::InfinitePast();
-  absl::Time next_expiry_ = absl::InfinitePast();
-  absl::Time next_audit_ = absl::InfinitePast();
-  absl::Time next_reconcile_ = absl::InfinitePast();
-  absl::Time next_accounts_ = absl::InfinitePast();
-  uint64_t next_session_ = 1;
+  absl::flat_hash_map<std::string, v1::ResultAcks> unsent_acks_ ABSL_GUARDED_BY(loop_role_);
+  absl::Time next_sweep_ ABSL_GUARDED_BY(loop_role_) = absl::InfinitePast();
+  absl::Time next_expiry_ ABSL_GUARDED_BY(loop_role_) = absl::InfinitePast();
+  absl::Time next_audit_ ABSL_GUARDED_BY(loop_role_) = absl::InfinitePast();
+  absl::Time next_reconcile_ ABSL_GUARDED_BY(loop_role_) = absl::InfinitePast();
+  absl::Time next_accounts_ ABSL_GUARDED_BY(loop_role_) = absl::InfinitePast();
+  uint64_t next_session_ ABSL_GUARDED_BY(loop_role_) = 1;
 };
 
 }  // namespace dispatchd::dispatch

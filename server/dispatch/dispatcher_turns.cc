@@ -86,6 +86,7 @@ void Dispatcher::CommitTurn(absl::Time now) {
   ++turns_in_flight_;
   writer_->Commit(std::move(writes), [this, turn = std::move(turn)](TurnResult result) mutable {
     Post([this, turn = std::move(turn), result = std::move(result)]() mutable {
+      loop_role_.Assert();
       FinishTurn(std::move(turn), std::move(result));
     });
   });
@@ -302,7 +303,10 @@ void Dispatcher::StartReconcile(absl::Time now) {
   writer_->Read<ReconcileReads>(
       [held](store::JobStore& store) { return ReadForReconcile(store, *held); },
       [this](ReconcileReads reads) {
-        Post([this, reads = std::move(reads)]() mutable { ApplyReconcile(std::move(reads)); });
+        Post([this, reads = std::move(reads)]() mutable {
+          loop_role_.Assert();
+          ApplyReconcile(std::move(reads));
+        });
       });
 }
 
@@ -330,6 +334,7 @@ void Dispatcher::ApplyReconcile(ReconcileReads reads) {
   }
   // A job held here that ended in the database: dropped.
   auto ended = [&](const store::JobRef& r, const char* what) {
+    loop_role_.Assert();
     auto it = jobs_.find(r.job_id);
     if (it == jobs_.end() || !job::IsTerminal(r.state)) return;
     if (r.updated_at < settled) {

@@ -30,12 +30,14 @@ void Dispatcher::WorkerConnected(std::shared_ptr<WorkerLink> link, v1::Hello hel
     links_.push_back(link);
   }
   Post([this, link = std::move(link), hello = std::move(hello)] {
+    loop_role_.Assert();
     OnHello(link, hello, clock_.TimeNow());
   });
 }
 
 void Dispatcher::WorkerMessage(std::shared_ptr<WorkerLink> link, v1::WorkerMessage msg) {
   Post([this, link = std::move(link), msg = std::move(msg)] {
+    loop_role_.Assert();
     const absl::Time now = clock_.TimeNow();
     std::string worker_id = WorkerIdOf(link);
     if (worker_id.empty()) return;  // a replaced or lost session
@@ -77,13 +79,17 @@ void Dispatcher::WorkerMessage(std::shared_ptr<WorkerLink> link, v1::WorkerMessa
 }
 
 void Dispatcher::WorkerDisconnected(std::shared_ptr<WorkerLink> link) {
-  Post([this, link = std::move(link)] { OnDisconnect(link, clock_.TimeNow()); });
+  Post([this, link = std::move(link)] {
+    loop_role_.Assert();
+    OnDisconnect(link, clock_.TimeNow());
+  });
 }
 
 std::vector<v1::WorkerInfo> Dispatcher::Workers() {
   auto out = std::make_shared<std::vector<v1::WorkerInfo>>();
   auto done = std::make_shared<absl::Notification>();
   Post([this, out, done] {
+    loop_role_.Assert();
     *out = WorkersNow();
     done->Notify();
   });
@@ -98,6 +104,7 @@ std::vector<v1::WorkerInfo> Dispatcher::Workers() {
 std::optional<v1::WorkerInfo> Dispatcher::DrainWorker(const std::string& worker_id) {
   auto out = std::make_shared<std::optional<v1::WorkerInfo>>();
   RunOnLoop([this, out, worker_id] {
+    loop_role_.Assert();
     auto it = sessions_.find(worker_id);
     if (it == sessions_.end() || it->second.link == nullptr) return;
     scheduler_.SetDraining(worker_id, true);
