@@ -38,152 +38,12 @@
 #include "server/store/migrations.h"
 #include "server/store/pg_conninfo.h"
 #include "server/store/pg_error.h"
+#include "server/store/pg_rows.h"
 #include "server/store/pg_session.h"
 #include "server/store/pg_statements.h"
 
 namespace dispatchd::store {
 namespace {
-
-// ---------------------------------------------------------------------------------------------
-// Conversions.
-
-// A PostgreSQL array literal of text elements: each element double-quoted, with double quotes
-// and backslashes escaped by a backslash, so any text (commas, braces, "NULL") reads back verbatim.
-std::string TextArrayLiteral(const std::vector<std::string>& items) {
-  std::string out = "{";
-  for (size_t i = 0; i < items.size(); ++i) {
-    if (i > 0) out += ',';
-    out += '"';
-    for (char c : items[i]) {
-      if (c == '"' || c == '\\') out += '\\';
-      out += c;
-    }
-    out += '"';
-  }
-  out += '}';
-  return out;
-}
-
-template <typename Int>
-std::string IntArrayLiteral(const std::vector<Int>& items) {
-  return absl::StrCat("{", absl::StrJoin(items, ","), "}");
-}
-
-// Like IntArrayLiteral, with NULL for an absent element.
-std::string OptionalIntArrayLiteral(const std::vector<std::optional<int64_t>>& items) {
-  std::string out = "{";
-  for (size_t i = 0; i < items.size(); ++i) {
-    if (i > 0) out += ',';
-    if (items[i]) {
-      absl::StrAppend(&out, *items[i]);
-    } else {
-      out += "NULL";
-    }
-  }
-  out += '}';
-  return out;
-}
-
-// Microseconds since the epoch, or NULL for InfinitePast ("none").
-std::optional<int64_t> OptionalMicros(absl::Time t) {
-  if (t == absl::InfinitePast()) return std::nullopt;
-  return absl::ToUnixMicros(t);
-}
-
-absl::Time TimeFromField(const pqxx::field& f) {
-  if (f.is_null()) return absl::InfinitePast();
-  return absl::FromUnixMicros(f.as<int64_t>());
-}
-
-std::string BytesFromField(const pqxx::field& f) {
-  if (f.is_null()) return "";
-  return pqxx::binarystring(f).str();
-}
-
-std::string TextFromField(const pqxx::field& f) {
-  if (f.is_null()) return "";
-  return std::string(f.c_str(), f.size());
-}
-
-// The elements of a text array of any dimension, in storage order.
-absl::StatusOr<std::vector<std::string>> TextArrayFromField(const pqxx::field& f) {
-  std::vector<std::string> out;
-  if (f.is_null()) return out;
-  pqxx::array_parser parser = f.as_array();
-  while (true) {
-    auto [juncture, value] = parser.get_next();
-    switch (juncture) {
-      case pqxx::array_parser::string_value:
-        out.push_back(std::move(value));
-        break;
-      case pqxx::array_parser::null_value:
-        return absl::InternalError("unexpected NULL in a text array");
-      case pqxx::array_parser::row_start:
-      case pqxx::array_parser::row_end:
-        break;
-      case pqxx::array_parser::done:
-        return out;
-    }
-  }
-}
-
-absl::StatusOr<job::Job> RowToJob(const pqxx::row& r) {
-  job::Job job;
-  job.id = TextFromField(r[kColId]);
-  job.spec.type = TextFromField(r[kColType]);
-  job.spec.payload = BytesFromField(r[kColPayload]);
-  job.spec.resource_id = TextFromField(r[kColResourceId]);
-  job.spec.fairness_key = TextFromField(r[kColFairnessKey]);
-  job.spec.idempotency_key = TextFromField(r[kColIdempotencyKey]);
-  job.spec.max_attempts = r[kColMaxAttempts].as<int32_t>();
-  job.spec.timeout = absl::Milliseconds(r[kColTimeoutMs].as<int64_t>());
-  job.spec.dispatch_deadline = r[kColDispatchDeadlineUs].is_null()
-                                   ? absl::InfiniteDuration()
-                                   : absl::Microseconds(r[kColDispatchDeadlineUs].as<int64_t>());
-  job.spec.not_before = TimeFromField(r[kColNotBeforeUs]);
-  DISPATCHD_ASSIGN_OR_RETURN(std::vector<std::string> labels, TextArrayFromField(r[kColLabels]));
-  if (labels.size() % 2 != 0) {
-    return absl::InternalError(absl::StrCat("job ", job.id, ": malformed labels"));
-  }
-  for (size_t i = 0; i < labels.size(); i += 2) {
-    job.spec.labels[labels[i]] = std::move(labels[i + 1]);
-  }
-  const std::string state = TextFromField(r[kColState]);
-  std::optional<job::JobState> parsed = job::ParseJobState(state);
-  if (!parsed.has_value()) {
-    return absl::InternalError(absl::StrCat("job ", job.id, ": unknown state \"", state, "\""));
-  }
-  job.state = *parsed;
-  job.attempt = r[kColAttempt].as<int32_t>();
-  job.worker_id = TextFromField(r[kColWorkerId]);
-  job.result = BytesFromField(r[kColResult]);
-  job.error = TextFromField(r[kColError]);
-  job.created_at = TimeFromField(r[kColCreatedUs]);
-  job.dispatched_at = TimeFromField(r[kColDispatchedUs]);
-  job.started_at = TimeFromField(r[kColStartedUs]);
-  job.finished_at = TimeFromField(r[kColFinishedUs]);
-  job.updated_at = TimeFromField(r[kColUpdatedUs]);
-  job.owner = TextFromField(r[kColOwner]);
-  job.seq = r[kColSeq].as<int64_t>();
-  return job;
-}
-
-absl::StatusOr<std::vector<job::Job>> RowsToJobs(const pqxx::result& rows) {
-  std::vector<job::Job> jobs;
-  jobs.reserve(rows.size());
-  for (const pqxx::row& row : rows) {
-    DISPATCHD_ASSIGN_OR_RETURN(job::Job job, RowToJob(row));
-    jobs.push_back(std::move(job));
-  }
-  return jobs;
-}
-
-std::vector<std::string> Ids(const pqxx::result& rows) {
-  std::vector<std::string> ids;
-  ids.reserve(rows.size());
-  for (const pqxx::row& row : rows) ids.push_back(TextFromField(row[0]));
-  return ids;
-}
 
 // OK while the database still names `epoch` as the leader's; FailedPrecondition once another
 // daemon has taken over (see "Fencing" above). Called after a write that changed nothing.
@@ -193,58 +53,6 @@ absl::Status FenceHolds(pqxx::transaction_base& txn, int64_t epoch) {
   if (now == epoch) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat("fenced: this daemon led at epoch ", epoch,
                                                     " but the leader is now at epoch ", now));
-}
-
-std::vector<JobRef> RowsToRefs(const pqxx::result& rows) {
-  std::vector<JobRef> refs;
-  refs.reserve(rows.size());
-  for (const pqxx::row& r : rows) {
-    std::optional<job::JobState> state = job::ParseJobState(TextFromField(r[1]));
-    refs.push_back(JobRef{.job_id = TextFromField(r[0]),
-                          .state = state.value_or(job::JobState::kQueued),
-                          .attempt = r[2].as<int32_t>(),
-                          .worker_id = TextFromField(r[3]),
-                          .updated_at = TimeFromField(r[4])});
-  }
-  return refs;
-}
-
-// libpq takes text parameters as C strings: a NUL would silently cut the value short.
-absl::Status CheckNoNul(absl::string_view field, absl::string_view value) {
-  if (absl::StrContains(value, absl::string_view("\0", 1))) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ": contains a NUL byte"));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status ValidateForInsert(const job::Job& job) {
-  const job::JobSpec& spec = job.spec;
-  if (job.id.empty()) return absl::InvalidArgumentError("id: must not be empty");
-  DISPATCHD_RETURN_IF_ERROR(CheckNoNul("id", job.id));
-  DISPATCHD_RETURN_IF_ERROR(CheckNoNul("type", spec.type));
-  DISPATCHD_RETURN_IF_ERROR(CheckNoNul("resource_id", spec.resource_id));
-  DISPATCHD_RETURN_IF_ERROR(CheckNoNul("fairness_key", spec.fairness_key));
-  DISPATCHD_RETURN_IF_ERROR(CheckNoNul("idempotency_key", spec.idempotency_key));
-  for (const auto& [key, value] : spec.labels) {
-    DISPATCHD_RETURN_IF_ERROR(CheckNoNul("labels", key));
-    DISPATCHD_RETURN_IF_ERROR(CheckNoNul("labels", value));
-  }
-  if (spec.max_attempts < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("max_attempts: must be >= 0, got ", spec.max_attempts));
-  }
-  if (spec.timeout < absl::ZeroDuration() || spec.timeout == absl::InfiniteDuration()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("timeout: must be finite and >= 0, got ", absl::FormatDuration(spec.timeout)));
-  }
-  if (spec.dispatch_deadline < absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat("dispatch_deadline: must be >= 0, got ",
-                                                   absl::FormatDuration(spec.dispatch_deadline)));
-  }
-  if (spec.not_before == absl::InfiniteFuture()) {
-    return absl::InvalidArgumentError("not_before: must not be infinite-future");
-  }
-  return absl::OkStatus();
 }
 
 // True if the connection cannot be trusted for the next call.
@@ -566,41 +374,6 @@ absl::StatusOr<InsertOutcome> PgJobStore::Insert(const job::Job& job) {
 
 namespace {
 
-// kInsertJobs' parameters for `jobs`, in order.
-struct InsertColumns {
-  std::vector<std::string> ids, types, payloads_hex, resource_ids, fairness_keys, idempotency_keys,
-      label_keys, label_values, owners;
-  std::vector<int32_t> max_attempts;
-  std::vector<int64_t> timeouts_ms;
-  std::vector<std::optional<int64_t>> deadlines_us, not_befores_us;
-
-  explicit InsertColumns(const std::vector<const job::Job*>& jobs) {
-    for (const job::Job* job : jobs) {
-      const job::JobSpec& spec = job->spec;
-      ids.push_back(job->id);
-      owners.push_back(job->owner);
-      types.push_back(spec.type);
-      payloads_hex.push_back(absl::BytesToHexString(spec.payload));
-      resource_ids.push_back(spec.resource_id);
-      fairness_keys.push_back(spec.fairness_key);
-      idempotency_keys.push_back(spec.idempotency_key);
-      std::vector<std::string> keys, values;
-      for (const auto& [key, value] : spec.labels) {
-        keys.push_back(key);
-        values.push_back(value);
-      }
-      label_keys.push_back(TextArrayLiteral(keys));
-      label_values.push_back(TextArrayLiteral(values));
-      max_attempts.push_back(spec.max_attempts);
-      timeouts_ms.push_back(absl::ToInt64Milliseconds(spec.timeout));
-      deadlines_us.push_back(spec.dispatch_deadline == absl::InfiniteDuration()
-                                 ? std::nullopt
-                                 : std::optional(absl::ToInt64Microseconds(spec.dispatch_deadline)));
-      not_befores_us.push_back(OptionalMicros(spec.not_before));
-    }
-  }
-};
-
 // Inserts `jobs`, returning the ids written with their seq.
 absl::flat_hash_map<std::string, int64_t> ExecInsert(pqxx::transaction_base& txn,
                                             const std::vector<const job::Job*>& jobs,
@@ -783,8 +556,10 @@ absl::StatusOr<QueuedHeads> PgJobStore::LoadQueuedHeads(int64_t per_queue) {
         QueuedHeads out;
         out.jobs.reserve(rows.size());
         absl::flat_hash_set<std::pair<std::string, std::string>> seen;
+        TextRow cells;  // reused across rows
         for (const pqxx::row& row : rows) {
-          DISPATCHD_ASSIGN_OR_RETURN(job::Job job, RowToJob(row));
+          ToTextRow(row, &cells);
+          DISPATCHD_ASSIGN_OR_RETURN(job::Job job, JobFromRow(cells));
           if (seen.insert({job.spec.type, job.spec.fairness_key}).second) {
             out.queues.push_back(QueueCount{.type = job.spec.type,
                                             .fairness_key = job.spec.fairness_key,
@@ -847,52 +622,6 @@ absl::StatusOr<std::vector<QueueCount>> PgJobStore::CountQueued(
 }
 
 namespace {
-
-// The parameters of the marks' or claims' arrays: ids, attempts, worker ids.
-struct BatchColumns {
-  std::string ids, attempts, workers;
-
-  template <typename Request>
-  explicit BatchColumns(const std::vector<Request>& reqs) {
-    std::vector<std::string> id, worker;
-    std::vector<int32_t> attempt;
-    for (const Request& r : reqs) {
-      id.push_back(r.job_id);
-      attempt.push_back(r.attempt);
-      worker.push_back(r.worker_id);
-    }
-    ids = TextArrayLiteral(id);
-    attempts = IntArrayLiteral(attempt);
-    workers = TextArrayLiteral(worker);
-  }
-};
-
-// The parameters of the finishes' arrays.
-struct FinishColumns {
-  std::string ids, attempts, states, results, errors, ran_us;
-
-  explicit FinishColumns(const std::vector<FinishRequest>& reqs) {
-    std::vector<std::string> id, state, result, error;
-    std::vector<int32_t> attempt;
-    std::vector<int64_t> ran;
-    for (const FinishRequest& r : reqs) {
-      id.push_back(r.job_id);
-      attempt.push_back(r.attempt);
-      state.emplace_back(job::ToString(r.state));
-      result.push_back(absl::BytesToHexString(r.result));
-      error.push_back(r.error);
-      ran.push_back(r.ran == absl::InfiniteDuration() || r.ran < absl::ZeroDuration()
-                        ? -1
-                        : absl::ToInt64Microseconds(r.ran));
-    }
-    ids = TextArrayLiteral(id);
-    attempts = IntArrayLiteral(attempt);
-    states = TextArrayLiteral(state);
-    results = TextArrayLiteral(result);
-    errors = TextArrayLiteral(error);
-    ran_us = IntArrayLiteral(ran);
-  }
-};
 
 // Runs kClaim in `txn`: the ids claimed (and, if `payloads` is not null, their payloads).
 std::vector<std::string> ExecClaims(pqxx::transaction_base& txn,
