@@ -38,6 +38,7 @@
 #include "server/store/migrations.h"
 #include "server/store/pg_conninfo.h"
 #include "server/store/pg_error.h"
+#include "server/store/pg_pool.h"
 #include "server/store/pg_rows.h"
 #include "server/store/pg_session.h"
 #include "server/store/pg_statements.h"
@@ -53,140 +54,6 @@ absl::Status FenceHolds(pqxx::transaction_base& txn, int64_t epoch) {
   if (now == epoch) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat("fenced: this daemon led at epoch ", epoch,
                                                     " but the leader is now at epoch ", now));
-}
-
-// True if the connection cannot be trusted for the next call.
-bool IsBroken(const std::exception& e, const pqxx::connection& conn) {
-  return dynamic_cast<const pqxx::broken_connection*>(&e) != nullptr ||
-         dynamic_cast<const pqxx::in_doubt_error*>(&e) != nullptr ||
-         dynamic_cast<const pqxx::statement_completion_unknown*>(&e) != nullptr || !conn.is_open();
-}
-
-// Opens a connection (no statements prepared yet). Unavailable names the endpoint.
-absl::StatusOr<std::unique_ptr<pqxx::connection>> OpenConnection(const Target& target) {
-  try {
-    return std::make_unique<pqxx::connection>(target.conninfo);
-  } catch (const std::exception& e) {
-    return TranslatePgError(e, absl::StrCat("postgres: cannot connect to ", target.endpoint));
-  }
-}
-
-// PrepareSession, translated: a schema that does not match fails at Connect rather than on
-// first use.
-absl::Status PrepareStatements(pqxx::connection& conn, const Target& target) {
-  try {
-    PrepareSession(conn);
-    return absl::OkStatus();
-  } catch (const std::exception& e) {
-    return TranslatePgError(e, absl::StrCat("postgres ", target.endpoint, ": prepare statements"));
-  }
-}
-
-absl::StatusOr<std::unique_ptr<pqxx::connection>> OpenPrepared(const Target& target) {
-  DISPATCHD_ASSIGN_OR_RETURN(std::unique_ptr<pqxx::connection> conn, OpenConnection(target));
-  DISPATCHD_RETURN_IF_ERROR(PrepareStatements(*conn, target));
-  return conn;
-}
-
-}  // namespace
-
-// ---------------------------------------------------------------------------------------------
-// Pool.
-
-// A fixed-size set of prepared connections. Checkout hands one connection to one caller; the
-// lease returns it when destroyed. A lease marked broken drops its connection, and a later
-// checkout opens a replacement. Thread-safe.
-class ConnectionPool {
- public:
-  class Lease {
-   public:
-    Lease(ConnectionPool* pool, std::unique_ptr<pqxx::connection> conn)
-        : pool_(pool), conn_(std::move(conn)) {}
-    Lease(Lease&& other) noexcept
-        : pool_(std::exchange(other.pool_, nullptr)),
-          conn_(std::move(other.conn_)),
-          broken_(other.broken_) {}
-    Lease& operator=(Lease&&) = delete;
-    ~Lease() {
-      if (pool_ != nullptr) pool_->Return(std::move(conn_), broken_);
-    }
-
-    pqxx::connection& conn() { return *conn_; }
-    void MarkBroken() { broken_ = true; }
-
-   private:
-    ConnectionPool* pool_;
-    std::unique_ptr<pqxx::connection> conn_;
-    bool broken_ = false;
-  };
-
-  ConnectionPool(Target target, int size, std::vector<std::unique_ptr<pqxx::connection>> conns)
-      : target_(std::move(target)), size_(size), open_(static_cast<int>(conns.size())) {
-    idle_ = std::move(conns);
-  }
-
-  // Waits for an idle connection, or opens one if fewer than `size` are open. Unavailable if a
-  // replacement cannot be opened.
-  absl::StatusOr<Lease> Checkout() ABSL_LOCKS_EXCLUDED(mu_) {
-    {
-      absl::MutexLock l(&mu_);
-      mu_.Await(absl::Condition(this, &ConnectionPool::CanCheckout));
-      if (!idle_.empty()) {
-        std::unique_ptr<pqxx::connection> conn = std::move(idle_.back());
-        idle_.pop_back();
-        return Lease(this, std::move(conn));
-      }
-      ++open_;  // reserve the slot while connecting outside the lock
-    }
-    absl::StatusOr<std::unique_ptr<pqxx::connection>> conn = OpenPrepared(target_);
-    if (!conn.ok()) {
-      absl::MutexLock l(&mu_);
-      --open_;
-      return conn.status();
-    }
-    return Lease(this, *std::move(conn));
-  }
-
- private:
-  bool CanCheckout() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return !idle_.empty() || open_ < size_;
-  }
-
-  void Return(std::unique_ptr<pqxx::connection> conn, bool broken) ABSL_LOCKS_EXCLUDED(mu_) {
-    if (broken) conn.reset();  // closes outside the lock
-    absl::MutexLock l(&mu_);
-    if (broken) {
-      --open_;
-    } else {
-      idle_.push_back(std::move(conn));
-    }
-  }
-
-  const Target target_;
-  const int size_;
-
-  absl::Mutex mu_;
-  std::vector<std::unique_ptr<pqxx::connection>> idle_ ABSL_GUARDED_BY(mu_);
-  int open_ ABSL_GUARDED_BY(mu_);  // idle + leased + being opened
-};
-
-namespace {
-
-// Runs `body(conn)` on a pooled connection: the one place where PgJobStore catches, so every
-// public call translates exceptions exactly once and no exception leaves the store.
-template <typename Body>
-auto WithConnection(ConnectionPool& pool, absl::string_view what, Body&& body)
-    -> decltype(body(std::declval<pqxx::connection&>())) {
-  DISPATCHD_ASSIGN_OR_RETURN(ConnectionPool::Lease lease, pool.Checkout());
-  try {
-    return body(lease.conn());
-  } catch (const std::exception& e) {
-    if (IsBroken(e, lease.conn())) lease.MarkBroken();
-    return TranslatePgError(e, what);
-  } catch (...) {
-    lease.MarkBroken();
-    return absl::InternalError(absl::StrCat(what, ": unknown exception"));
-  }
 }
 
 }  // namespace

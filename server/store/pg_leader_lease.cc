@@ -12,9 +12,11 @@
 #include "pqxx/notification"
 #include "pqxx/transaction"
 
+#include "lib/util/status_macros.h"
 #include "server/store/migrations.h"
 #include "server/store/pg_conninfo.h"
 #include "server/store/pg_error.h"
+#include "server/store/pg_pool.h"
 
 namespace dispatchd::store {
 namespace {
@@ -90,8 +92,11 @@ absl::StatusOr<std::unique_ptr<PgLeaderLease>> PgLeaderLease::Connect(
   absl::StatusOr<Target> target =
       ParseTarget(url, connect_timeout, application_name, /*tcp_user_timeout=*/statement_timeout);
   if (!target.ok()) return target.status();
+  // A session of its own, opened as the store opens its pooled ones but never taken from or
+  // given back to a pool: the advisory lock is held by the session, so the session must live
+  // exactly as long as the lease, and end (freeing the lock) when an error drops the lease.
+  DISPATCHD_ASSIGN_OR_RETURN(std::unique_ptr<pqxx::connection> conn, OpenConnection(*target));
   try {
-    auto conn = std::make_unique<pqxx::connection>(target->conninfo);
     // libpqxx 6 would quietly open a new session when this one breaks, and the new session does
     // not hold the lock: a lease must see the break instead.
 #pragma GCC diagnostic push
