@@ -1,7 +1,7 @@
 #pragma once
 
 // The SQL of PgJobStore: every statement it prepares, the planner settings of the sessions it
-// runs them in, and ExecScan. Internal to server/store (pg_job_store.cc and pg_session.cc).
+// runs them in, and ExecScan. Internal to server/store (PgJobStore, pg_rows.cc, pg_session.cc).
 
 #include <utility>
 
