@@ -91,7 +91,7 @@ CREATE INDEX jobs_idempotency_held ON jobs (finished_at)
 //
 // - One row. `epoch` grows by one each time a daemon becomes the leader (it holds the session
 //   advisory lock kLeaderLockKey while it leads). Every write the leader makes to a job carries
-//   its epoch and locks this row FOR SHARE while checking it (pg_job_store.cc, "Fencing"), so
+//   its epoch and locks this row FOR SHARE while checking it (pg_statements.h, "Fencing"), so
 //   once a new leader's bump commits, a deposed leader's writes change nothing; the bump itself
 //   waits for the old leader's writes in flight.
 // - holder and address say who leads and where workers and clients find it; renewed_at is
