@@ -31,6 +31,7 @@ namespace dispatchd::store {
 // One column of a row as PostgreSQL's text output, or SQL NULL. It borrows the text, which must
 // outlive it. The text is a C string (ends in a NUL), as libpq hands values out and as
 // PQunescapeBytea and pqxx::array_parser need them; PostgreSQL text never holds a NUL itself.
+// A value, cheap to copy; thread-compatible, as the text it borrows is.
 class TextCell {
  public:
   // SQL NULL.
