@@ -24,6 +24,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+
 #include "client/cpp/credentials.h"
 
 namespace dispatchd::bench {

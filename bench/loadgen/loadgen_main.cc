@@ -13,20 +13,19 @@
 // (which is retried after the daemon's hint, and counted), or when the daemon cannot be reached;
 // 2 on a usage error.
 
-#include <sys/resource.h>
-
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <string>
-
-#include <CLI/CLI.hpp>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include <CLI/CLI.hpp>
+#include <sys/resource.h>
+
 #include "bench/loadgen/load_driver.h"
 #include "client/cpp/credentials.h"
 #include "client/cpp/security_flags.h"

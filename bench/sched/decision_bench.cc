@@ -298,10 +298,7 @@ void TenantArgs(benchmark::internal::Benchmark* b) {
       ->Args({1'000'000, 10'000, 100'000});
 }
 BENCHMARK(BM_FinishEnqueueDecide_Tenants)->Apply(TenantArgs)->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_DecideOnly_Tenants)
-    ->Apply(TenantArgs)
-    ->UseManualTime()
-    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_DecideOnly_Tenants)->Apply(TenantArgs)->UseManualTime()->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 }  // namespace dispatchd::sched

@@ -1,7 +1,5 @@
 #include "client/cpp/dispatch_client.h"
 
-#include <arpa/inet.h>
-
 #include <string>
 #include <utility>
 #include <vector>
@@ -13,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include <arpa/inet.h>
 
 namespace dispatchd::client {
 namespace {
@@ -88,15 +87,15 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(absl::string_view addres
   }
   absl::StatusOr<Credentials> credentials = LoadCredentials(options.security);
   if (!credentials.ok()) return credentials.status();
-  std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
-      *target, credentials->channel, DaemonChannelArguments());
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateCustomChannel(*target, credentials->channel, DaemonChannelArguments());
   return FromChannel(std::move(channel), std::move(options), std::move(credentials->token));
 }
 
 std::unique_ptr<Client> Client::FromChannel(std::shared_ptr<grpc::Channel> channel,
                                             ClientOptions options, std::string token) {
-  return std::unique_ptr<Client>(new Client(std::move(channel), std::move(options),
-                                            std::move(token)));
+  return std::unique_ptr<Client>(
+      new Client(std::move(channel), std::move(options), std::move(token)));
 }
 
 Client::Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options, std::string token)

@@ -21,12 +21,12 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include <grpcpp/grpcpp.h>
 
 #include "client/cpp/credentials.h"
 #include "dispatchd/v1/admin_service.grpc.pb.h"
 #include "dispatchd/v1/job_service.grpc.pb.h"
-#include "grpc/health/v1/health.grpc.pb.h"
 
 namespace dispatchd::client {
 
@@ -122,9 +122,9 @@ class Client {
   // One unary call of `stub` with a deadline `timeout` from now: its response, or its status
   // (FromGrpcStatus, so a refusal keeps its retry-after).
   template <typename Stub, typename Request, typename Response>
-  absl::StatusOr<Response> Unary(
-      grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&, Response*), Stub& stub,
-      const Request& request, absl::Duration timeout) const {
+  absl::StatusOr<Response> Unary(grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&,
+                                                              Response*),
+                                 Stub& stub, const Request& request, absl::Duration timeout) const {
     grpc::ClientContext context;
     Prepare(context, timeout);
     Response response;

@@ -6,31 +6,20 @@
 // (sleep a duration drawn from a latency mix), --sleep-payload (sleep the duration the payload
 // names). SIGTERM/SIGINT drain (running jobs finish, then exit 0); a second signal exits at once.
 
-#include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <memory>
 #include <random>
-#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <CLI/CLI.hpp>
-#include <spdlog/sinks/stdout_color_sinks.h>
-#include <spdlog/spdlog.h>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
@@ -39,6 +28,16 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include <CLI/CLI.hpp>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include "client/cpp/latency_mix.h"
 #include "client/cpp/security_flags.h"
 #include "client/cpp/worker.h"
@@ -154,8 +153,8 @@ JobOutcome RunExec(const std::string& command, int64_t max_output, JobContext& j
   posix_spawn_file_actions_adddup2(&actions, err[1], 2);
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK |
-                                      POSIX_SPAWN_SETSIGDEF);
+  posix_spawnattr_setflags(&attr,
+                           POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
   posix_spawnattr_setpgroup(&attr, 0);  // its own process group, so cancel reaches grandchildren
   sigset_t none, defaults;
   sigemptyset(&none);
@@ -273,10 +272,9 @@ JobOutcome RunExec(const std::string& command, int64_t max_output, JobContext& j
     return JobOutcome::Failure(absl::StrCat("cancelled: ", job.cancel_reason()), false);
   }
   if (WIFSIGNALED(wstatus)) {
-    return JobOutcome::Failure(
-        absl::StrCat(message, message.empty() ? "" : " ", "(killed by signal ",
-                     WTERMSIG(wstatus), ")"),
-        false);
+    return JobOutcome::Failure(absl::StrCat(message, message.empty() ? "" : " ",
+                                            "(killed by signal ", WTERMSIG(wstatus), ")"),
+                               false);
   }
   int code = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : -1;
   if (code != 0) {
@@ -374,7 +372,9 @@ int Main(int argc, char** argv) {
   uint64_t seed = 0;
   bool seed_set = false;
 
-  app.add_option("--server", server, "Daemon address host:port, or several comma-separated (a standby sends the worker to the leader) (env DISPATCHD_SERVER)")
+  app.add_option("--server", server,
+                 "Daemon address host:port, or several comma-separated (a standby sends the worker "
+                 "to the leader) (env DISPATCHD_SERVER)")
       ->capture_default_str();
   Security security;
   AddSecurityFlags(app, &security);
@@ -431,7 +431,8 @@ int Main(int argc, char** argv) {
   app.footer(
       "Exit status: 0 after a drain (SIGTERM/SIGINT, or the daemon's Drain); 1 on a startup "
       "failure; 2 on a usage error; 128+signal on a second signal.\n"
-      "Example: dispatch-worker --server 127.0.0.1:7411 --types echo --slots 2 --exec 'tr a-z A-Z'");
+      "Example: dispatch-worker --server 127.0.0.1:7411 --types echo --slots 2 --exec 'tr a-z "
+      "A-Z'");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -439,7 +440,7 @@ int Main(int argc, char** argv) {
     return rc == 0 ? 0 : 2;
   }
 
-  static const std::vector<std::string> kLevels = {"trace", "debug", "info",    "warn",
+  static const std::vector<std::string> kLevels = {"trace", "debug",    "info", "warn",
                                                    "error", "critical", "off"};
   if (std::find(kLevels.begin(), kLevels.end(), log_level) == kLevels.end()) {
     return UsageError(absl::StrCat("--log-level: unknown level \"", log_level, "\""));
@@ -469,7 +470,8 @@ int Main(int argc, char** argv) {
     };
   }
   if (gpu_memory_gb > 0) {
-    options.gpus.push_back({.id = "0", .memory_total_bytes = static_cast<int64_t>(gpu_memory_gb * 1e9)});
+    options.gpus.push_back(
+        {.id = "0", .memory_total_bytes = static_cast<int64_t>(gpu_memory_gb * 1e9)});
   }
   options.max_concurrent = max_concurrent;
   for (absl::string_view kv : absl::StrSplit(labels_flag, ',', absl::SkipWhitespace())) {

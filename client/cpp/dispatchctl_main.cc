@@ -75,7 +75,9 @@ int Main(int argc, char** argv) {
   std::string server = env_server != nullptr && *env_server != '\0' ? env_server : "127.0.0.1:7411";
   bool json = false;
   std::string timeout_flag;
-  app.add_option("--server", server, "Daemon address host:port, or several numeric ones comma-separated (daemons sharing a database) (env DISPATCHD_SERVER)")
+  app.add_option("--server", server,
+                 "Daemon address host:port, or several numeric ones comma-separated (daemons "
+                 "sharing a database) (env DISPATCHD_SERVER)")
       ->capture_default_str();
   Security security;
   AddSecurityFlags(app, &security);
@@ -128,13 +130,14 @@ int Main(int argc, char** argv) {
   top->add_option("--iterations", top_iterations, "Stop after this many refreshes (0: never)")
       ->capture_default_str();
   std::string completion_shell;
-  CLI::App* completion = app.add_subcommand(
-      "completion",
-      "Print a shell completion script (bash).\n"
-      "  Example: source <(dispatchctl completion bash)   (or save it under\n"
-      "  /etc/bash_completion.d/dispatchctl)");
-  completion->add_option("SHELL", completion_shell, "bash")->required()->check(
-      CLI::IsMember({"bash"}));
+  CLI::App* completion =
+      app.add_subcommand("completion",
+                         "Print a shell completion script (bash).\n"
+                         "  Example: source <(dispatchctl completion bash)   (or save it under\n"
+                         "  /etc/bash_completion.d/dispatchctl)");
+  completion->add_option("SHELL", completion_shell, "bash")
+      ->required()
+      ->check(CLI::IsMember({"bash"}));
   std::string drain_worker;
   CLI::App* drain = app.add_subcommand(
       "drain",

@@ -40,7 +40,8 @@ class LatencyMix {
 // Parses `P%:RANGE[,P%:RANGE...]`, where P is a percentage (decimals allowed) and RANGE is a
 // duration (`2s`) or a range `A-B` with A <= B, in absl::ParseDuration syntax (`250ms`, `1.5s`,
 // `2m`). The percentages must add up to 100. A bare RANGE with no `P%:` means 100%.
-// Errors are INVALID_ARGUMENT and name the bad part, e.g. `latency mix "95%:1s-x": bad duration "x"`.
+// Errors are INVALID_ARGUMENT and name the bad part, e.g. `latency mix "95%:1s-x": bad duration
+// "x"`.
 absl::StatusOr<LatencyMix> ParseLatencyMix(absl::string_view spec);
 
 }  // namespace dispatchd::client

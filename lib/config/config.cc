@@ -72,17 +72,19 @@ absl::Status ValidateSecurity(const Config& c) {
     // Tokens would cross the network in clear, and gRPC's local credentials, which carry them
     // on loopback, admit loopback peers only.
     return Bad("auth", absl::StrCat("without tls.cert_file, authentication works on a loopback "
-                                    "listen address only, not \"", c.listen, "\""));
+                                    "listen address only, not \"",
+                                    c.listen, "\""));
   }
   if (c.insecure) return absl::OkStatus();
   // With neither TLS nor a way to tell callers apart, anyone who can reach the port is an admin:
   // only the machine itself may reach it, unless the operator says so in so many words.
   const bool identified = c.auth.enabled();
   if (!IsLoopbackAddress(c.listen) && !(tls.enabled() && identified)) {
-    return Bad("listen", absl::StrCat("\"", c.listen,
-                                      "\" is not a loopback address: serving it needs tls.cert_file "
-                                      "and auth (auth.tokens_file or auth.certificates), or "
-                                      "insecure: true to serve it without them"));
+    return Bad("listen",
+               absl::StrCat("\"", c.listen,
+                            "\" is not a loopback address: serving it needs tls.cert_file "
+                            "and auth (auth.tokens_file or auth.certificates), or "
+                            "insecure: true to serve it without them"));
   }
   if (!c.metrics.listen.empty() && !IsLoopbackAddress(c.metrics.listen)) {
     return Bad("metrics.listen",
@@ -217,17 +219,19 @@ bool IsLoopbackAddress(absl::string_view host_port) {
 }
 
 absl::Status Config::Validate() const {
-  if (!ValidListen(listen)) return Bad("listen", absl::StrCat("want host:port, got \"", listen, "\""));
+  if (!ValidListen(listen))
+    return Bad("listen", absl::StrCat("want host:port, got \"", listen, "\""));
   if (state_dir.empty()) return Bad("state_dir", "must not be empty");
   static constexpr absl::string_view kLevels[] = {"trace", "debug", "info", "warn", "error"};
   bool level_ok = false;
   for (absl::string_view l : kLevels) level_ok |= (l == log_level);
   if (!level_ok) {
-    return Bad("log_level", absl::StrCat("want trace, debug, info, warn or error, got \"",
-                                         log_level, "\""));
+    return Bad("log_level",
+               absl::StrCat("want trace, debug, info, warn or error, got \"", log_level, "\""));
   }
   if (max_payload_bytes < 1 || max_payload_bytes > (int64_t{64} << 20)) {
-    return Bad("max_payload_bytes", absl::StrCat("must be in [1, 67108864], got ", max_payload_bytes));
+    return Bad("max_payload_bytes",
+               absl::StrCat("must be in [1, 67108864], got ", max_payload_bytes));
   }
   if (heartbeat_interval <= absl::ZeroDuration()) {
     return Bad("heartbeat_interval", "must be positive");
@@ -254,17 +258,19 @@ absl::Status Config::Validate() const {
     return Bad("idempotency_window", "must not be negative");
   }
   if (retention < absl::Seconds(1) || retention > absl::Hours(24 * 3650)) {
-    return Bad("retention",
-               absl::StrCat("must be between 1s and 3650 days, got ", absl::FormatDuration(retention)));
+    return Bad("retention", absl::StrCat("must be between 1s and 3650 days, got ",
+                                         absl::FormatDuration(retention)));
   }
   if (scheduler.policy != "fair" && scheduler.policy != "fifo") {
     return Bad("scheduler.policy",
                absl::StrCat("want fair or fifo, got \"", scheduler.policy, "\""));
   }
   if (!(scheduler.cost_alpha > 0 && scheduler.cost_alpha <= 1)) {
-    return Bad("scheduler.cost_alpha", absl::StrCat("must be in (0, 1], got ", scheduler.cost_alpha));
+    return Bad("scheduler.cost_alpha",
+               absl::StrCat("must be in (0, 1], got ", scheduler.cost_alpha));
   }
-  if (scheduler.key_ttl <= absl::ZeroDuration()) return Bad("scheduler.key_ttl", "must be positive");
+  if (scheduler.key_ttl <= absl::ZeroDuration())
+    return Bad("scheduler.key_ttl", "must be positive");
   if (scheduler.queue_window < 16 || scheduler.queue_window > 1'000'000) {
     return Bad("scheduler.queue_window",
                absl::StrCat("must be in [16, 1000000], got ", scheduler.queue_window));
@@ -277,9 +283,9 @@ absl::Status Config::Validate() const {
                  absl::StrCat("must be in (0, 100], got ", throttle));
     }
     if (!(resume >= 0 && resume < throttle)) {
-      return Bad(absl::StrCat("memory_throttle.", key, "_resume_percent"),
-                 absl::StrCat("must be >= 0 and below ", key, "_percent (", throttle, "), got ",
-                              resume));
+      return Bad(
+          absl::StrCat("memory_throttle.", key, "_resume_percent"),
+          absl::StrCat("must be >= 0 and below ", key, "_percent (", throttle, "), got ", resume));
     }
   }
   if (overflow_hook.interval <= absl::ZeroDuration()) {
@@ -308,7 +314,8 @@ absl::Status Config::Validate() const {
                  absl::StrCat("want 1-128 of [A-Za-z0-9._-], got \"", tiers[i].name, "\""));
     }
     if (!tier_names.insert(tiers[i].name).second) {
-      return Bad(absl::StrCat(key, ".name"), absl::StrCat("duplicate tier \"", tiers[i].name, "\""));
+      return Bad(absl::StrCat(key, ".name"),
+                 absl::StrCat("duplicate tier \"", tiers[i].name, "\""));
     }
     if (tiers[i].value < 1) {
       return Bad(absl::StrCat(key, ".value"), absl::StrCat("must be >= 1, got ", tiers[i].value));
@@ -354,7 +361,8 @@ absl::Status Config::Validate() const {
       return Bad(absl::StrCat(key, ".tier"), absl::StrCat("unknown tier \"", t.tier, "\""));
     }
     if (!(t.default_cost > 0)) {
-      return Bad(absl::StrCat(key, ".default_cost"), absl::StrCat("must be > 0, got ", t.default_cost));
+      return Bad(absl::StrCat(key, ".default_cost"),
+                 absl::StrCat("must be > 0, got ", t.default_cost));
     }
     if (t.vram_gb >= 0 && t.model.empty()) {
       return Bad(absl::StrCat(key, ".vram_gb"), "needs a model (the VRAM is the model's)");
@@ -381,9 +389,10 @@ absl::Status Config::Validate() const {
                                 " from types[", m.type_index, "]"));
       }
       if (t.rate.limited() && m.rate.limited() && !(t.rate == m.rate)) {
-        return Bad(absl::StrCat(key, ".rps"),
-                   absl::StrCat("model \"", t.model, "\" already has a different rate limit from types[",
-                                m.type_index, "]"));
+        return Bad(
+            absl::StrCat(key, ".rps"),
+            absl::StrCat("model \"", t.model, "\" already has a different rate limit from types[",
+                         m.type_index, "]"));
       }
       if (m.vram_gb < 0) m.vram_gb = t.vram_gb;
       if (!m.rate.limited()) m.rate = t.rate;
@@ -459,12 +468,10 @@ Config MergeReload(const Config& running, const Config& loaded,
   differs("retention", running.retention, loaded.retention);
   differs("postgres.url", running.postgres.url, loaded.postgres.url);
   differs("postgres.pool_size", running.postgres.pool_size, loaded.postgres.pool_size);
-  differs("postgres.embedded_user", running.postgres.embedded_user,
-          loaded.postgres.embedded_user);
+  differs("postgres.embedded_user", running.postgres.embedded_user, loaded.postgres.embedded_user);
   differs("postgres.bin_dir", running.postgres.bin_dir, loaded.postgres.bin_dir);
   differs("postgres.connect_wait", running.postgres.connect_wait, loaded.postgres.connect_wait);
-  differs("scheduler.queue_window", running.scheduler.queue_window,
-          loaded.scheduler.queue_window);
+  differs("scheduler.queue_window", running.scheduler.queue_window, loaded.scheduler.queue_window);
   differs("memory_throttle.ram_percent", running.memory_throttle.ram_percent,
           loaded.memory_throttle.ram_percent);
   differs("memory_throttle.ram_resume_percent", running.memory_throttle.ram_resume_percent,
@@ -474,8 +481,7 @@ Config MergeReload(const Config& running, const Config& loaded,
   differs("memory_throttle.gpu_resume_percent", running.memory_throttle.gpu_resume_percent,
           loaded.memory_throttle.gpu_resume_percent);
   differs("overflow_hook.command", running.overflow_hook.command, loaded.overflow_hook.command);
-  differs("overflow_hook.interval", running.overflow_hook.interval,
-          loaded.overflow_hook.interval);
+  differs("overflow_hook.interval", running.overflow_hook.interval, loaded.overflow_hook.interval);
   differs("overflow_hook.timeout", running.overflow_hook.timeout, loaded.overflow_hook.timeout);
   differs("ha.lease", running.ha.lease, loaded.ha.lease);
   differs("ha.advertise_address", running.ha.advertise_address, loaded.ha.advertise_address);

@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+
 #include "lib/auth/principal.h"
 
 namespace dispatchd::config {

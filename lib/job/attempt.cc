@@ -28,12 +28,18 @@ Transition Owes(const AttemptState& s) {
 
 absl::string_view ToString(WriteKind kind) {
   switch (kind) {
-    case WriteKind::kNone: return "none";
-    case WriteKind::kMark: return "mark";
-    case WriteKind::kSucceed: return "succeed";
-    case WriteKind::kFail: return "fail";
-    case WriteKind::kRetry: return "retry";
-    case WriteKind::kReturn: return "return";
+    case WriteKind::kNone:
+      return "none";
+    case WriteKind::kMark:
+      return "mark";
+    case WriteKind::kSucceed:
+      return "succeed";
+    case WriteKind::kFail:
+      return "fail";
+    case WriteKind::kRetry:
+      return "retry";
+    case WriteKind::kReturn:
+      return "return";
   }
   return "?";
 }
@@ -49,9 +55,7 @@ int32_t AttemptState::HeldAttempt() const {
   return state == JobState::kDispatched ? attempt + 1 : attempt;
 }
 
-bool AttemptState::Runs() const {
-  return (state == JobState::kRunning || accepted) && !Settled();
-}
+bool AttemptState::Runs() const { return (state == JobState::kRunning || accepted) && !Settled(); }
 
 bool AttemptState::IsCurrent(const std::string& worker, int32_t a) const {
   return worker_id == worker && ((state == JobState::kRunning && a == attempt) ||

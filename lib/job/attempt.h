@@ -4,6 +4,7 @@
 #include <string>
 
 #include "absl/time/time.h"
+
 #include "lib/job/job.h"
 
 namespace dispatchd::job {
@@ -38,8 +39,8 @@ struct Write {
   WriteKind kind = WriteKind::kNone;
   // kReturn: attempts started (unchanged). The others: the attempt that ran.
   int32_t attempt = 0;
-  std::string result;                          // kSucceed
-  std::string error;                           // kFail, kRetry
+  std::string result;                            // kSucceed
+  std::string error;                             // kFail, kRetry
   absl::Time not_before = absl::InfinitePast();  // kRetry
   // The outcome is its worker's result: the worker keeps it until it is acknowledged, which
   // happens once the write is committed (or known to be moot).
@@ -64,8 +65,8 @@ struct AttemptState {
   // counts as running (timeout, heartbeats, on_orphan), and its outcome settles the row all the
   // same (the store's settling writes accept the attempt before).
   bool accepted = false;
-  absl::Time started_at = absl::InfinitePast();       // the current attempt's accept
-  absl::Time run_deadline = absl::InfiniteFuture();   // running: execution timeout
+  absl::Time started_at = absl::InfinitePast();         // the current attempt's accept
+  absl::Time run_deadline = absl::InfiniteFuture();     // running: execution timeout
   absl::Time orphan_deadline = absl::InfiniteFuture();  // adopted: re-attach grace
   int heartbeat_misses = 0;  // running: heartbeats in a row from its worker without it
   // The write decided and not yet handed to the store (kind kNone: none), and the one the store

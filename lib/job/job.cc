@@ -4,21 +4,28 @@ namespace dispatchd::job {
 
 absl::string_view ToString(JobState state) {
   switch (state) {
-    case JobState::kQueued: return "QUEUED";
-    case JobState::kDispatched: return "DISPATCHED";
-    case JobState::kRunning: return "RUNNING";
-    case JobState::kSucceeded: return "SUCCEEDED";
-    case JobState::kFailed: return "FAILED";
-    case JobState::kCancelled: return "CANCELLED";
-    case JobState::kExpired: return "EXPIRED";
+    case JobState::kQueued:
+      return "QUEUED";
+    case JobState::kDispatched:
+      return "DISPATCHED";
+    case JobState::kRunning:
+      return "RUNNING";
+    case JobState::kSucceeded:
+      return "SUCCEEDED";
+    case JobState::kFailed:
+      return "FAILED";
+    case JobState::kCancelled:
+      return "CANCELLED";
+    case JobState::kExpired:
+      return "EXPIRED";
   }
   return "UNKNOWN";
 }
 
 std::optional<JobState> ParseJobState(absl::string_view name) {
-  for (JobState s : {JobState::kQueued, JobState::kDispatched, JobState::kRunning,
-                     JobState::kSucceeded, JobState::kFailed, JobState::kCancelled,
-                     JobState::kExpired}) {
+  for (JobState s :
+       {JobState::kQueued, JobState::kDispatched, JobState::kRunning, JobState::kSucceeded,
+        JobState::kFailed, JobState::kCancelled, JobState::kExpired}) {
     if (ToString(s) == name) return s;
   }
   return std::nullopt;
@@ -37,8 +44,8 @@ bool IsLegalTransition(JobState from, JobState to) {
     case S::kDispatched:
       // RUNNING on accept; QUEUED when refused or the worker left before accepting; a worker that
       // reports a result before its accept was recorded finishes the job directly.
-      return to == S::kRunning || to == S::kQueued || to == S::kCancelled ||
-             to == S::kSucceeded || to == S::kFailed;
+      return to == S::kRunning || to == S::kQueued || to == S::kCancelled || to == S::kSucceeded ||
+             to == S::kFailed;
     case S::kRunning:
       return to == S::kSucceeded || to == S::kFailed || to == S::kCancelled || to == S::kQueued;
     case S::kSucceeded:

@@ -3,9 +3,9 @@
 #include <cstdint>
 #include <optional>
 #include <string>
-#include "absl/strings/string_view.h"
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 
 namespace dispatchd::job {
@@ -41,8 +41,8 @@ struct JobSpec {
   std::string resource_id;
   std::string fairness_key;
   std::string idempotency_key;
-  int32_t max_attempts = 0;                         // 0: the type's default
-  absl::Duration timeout = absl::ZeroDuration();    // zero: the type's default
+  int32_t max_attempts = 0;                       // 0: the type's default
+  absl::Duration timeout = absl::ZeroDuration();  // zero: the type's default
   absl::Duration dispatch_deadline = absl::InfiniteDuration();
   absl::Time not_before = absl::InfinitePast();
   Labels labels;

@@ -42,8 +42,9 @@ absl::StatusOr<job::JobSpec> ResolveSpec(const config::Config& config, job::JobS
   if (type == nullptr) {
     std::vector<std::string> names;
     for (const config::JobTypeConfig& t : config.types) names.push_back(t.name);
-    return Bad("type", absl::StrCat("unknown job type \"", absl::CHexEscape(spec.type.substr(0, 64)),
-                                    "\" (configured: ", absl::StrJoin(names, ", "), ")"));
+    return Bad("type",
+               absl::StrCat("unknown job type \"", absl::CHexEscape(spec.type.substr(0, 64)),
+                            "\" (configured: ", absl::StrJoin(names, ", "), ")"));
   }
   if (spec.payload.empty()) return Bad("payload", "required (at least one byte)");
   if (static_cast<int64_t>(spec.payload.size()) > config.max_payload_bytes) {
@@ -56,8 +57,8 @@ absl::StatusOr<job::JobSpec> ResolveSpec(const config::Config& config, job::JobS
   if (absl::Status s = CheckKey(config.limits, "idempotency_key", spec.idempotency_key); !s.ok())
     return s;
   if (spec.max_attempts < 0 || spec.max_attempts > kMaxAttempts) {
-    return Bad("max_attempts", absl::StrCat("must be in [0, ", kMaxAttempts, "], got ",
-                                            spec.max_attempts));
+    return Bad("max_attempts",
+               absl::StrCat("must be in [0, ", kMaxAttempts, "], got ", spec.max_attempts));
   }
   if (spec.max_attempts == 0) spec.max_attempts = type->max_attempts;
   if (spec.timeout < absl::ZeroDuration()) return Bad("timeout", "must not be negative");

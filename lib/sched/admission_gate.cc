@@ -95,9 +95,9 @@ absl::StatusOr<Reservation> AdmissionGate::TryAdmit(const std::string& type,
   int64_t active = active_ + reserved_;
   if (active >= max_active_) {
     *retry_after = RetryAfterLocked(active - max_active_ + 1);
-    return absl::ResourceExhaustedError(
-        absl::StrCat("max_active: ", active, " jobs active (limit ", max_active_, "); retry in ",
-                     absl::FormatDuration(*retry_after)));
+    return absl::ResourceExhaustedError(absl::StrCat("max_active: ", active, " jobs active (limit ",
+                                                     max_active_, "); retry in ",
+                                                     absl::FormatDuration(*retry_after)));
   }
   if (auto limit = max_depth_.find(type); limit != max_depth_.end()) {
     int64_t queued = 0;
@@ -164,8 +164,8 @@ absl::Duration AdmissionGate::RetryAfter(int64_t excess) const {
 
 absl::Duration AdmissionGate::RetryAfterLocked(int64_t excess) const {
   if (drain_per_second_ <= 0) return absl::Seconds(1);
-  absl::Duration d = absl::Seconds(static_cast<double>(std::max<int64_t>(excess, 1)) /
-                                   drain_per_second_);
+  absl::Duration d =
+      absl::Seconds(static_cast<double>(std::max<int64_t>(excess, 1)) / drain_per_second_);
   return std::clamp(d, absl::Milliseconds(100), absl::Seconds(60));
 }
 

@@ -17,7 +17,8 @@ void CostEstimator::Observe(const std::string& type, const std::string& resource
   double observed = absl::ToDoubleSeconds(wall);
   if (!std::isfinite(observed)) return;  // an unknown start: nothing learned
   if (observed < 0) observed = 0;
-  auto [it, fresh] = estimates_.try_emplace(std::make_pair(type, resource), Entry{default_cost, now});
+  auto [it, fresh] =
+      estimates_.try_emplace(std::make_pair(type, resource), Entry{default_cost, now});
   Entry& e = it->second;
   e.cost = alpha_ * observed + (1 - alpha_) * e.cost;
   e.last_used = now;

@@ -18,15 +18,17 @@ bool NextThrottleState(bool throttled, const MemoryUse& use,
                        const config::MemoryThrottleConfig& limits, std::string* why) {
   const double ram = Percent(use.ram_used_bytes, use.ram_total_bytes);
   double gpu = 0;
-  for (const MemoryUse::Gpu& g : use.gpus) gpu = std::max(gpu, Percent(g.used_bytes, g.total_bytes));
+  for (const MemoryUse::Gpu& g : use.gpus)
+    gpu = std::max(gpu, Percent(g.used_bytes, g.total_bytes));
   const bool ram_high = ram >= (throttled ? limits.ram_resume_percent : limits.ram_percent);
   const bool gpu_high = gpu >= (throttled ? limits.gpu_resume_percent : limits.gpu_percent);
   const bool next = ram_high || gpu_high;
   if (why != nullptr) {
-    *why = absl::StrFormat("RAM at %.1f%% (throttle %g%%, resume %g%%), GPU memory at %.1f%% "
-                           "(throttle %g%%, resume %g%%)",
-                           ram, limits.ram_percent, limits.ram_resume_percent, gpu,
-                           limits.gpu_percent, limits.gpu_resume_percent);
+    *why = absl::StrFormat(
+        "RAM at %.1f%% (throttle %g%%, resume %g%%), GPU memory at %.1f%% "
+        "(throttle %g%%, resume %g%%)",
+        ram, limits.ram_percent, limits.ram_resume_percent, gpu, limits.gpu_percent,
+        limits.gpu_resume_percent);
   }
   return next;
 }

@@ -146,8 +146,7 @@ void Scheduler::ApplyConfig(const config::Config& config, absl::Time now) {
   }
 }
 
-bool Scheduler::SetRateLimit(const std::string& rate_key, config::RateLimit limit,
-                             absl::Time now) {
+bool Scheduler::SetRateLimit(const std::string& rate_key, config::RateLimit limit, absl::Time now) {
   bool known = false;
   for (auto& [name, type] : types_) known |= type->configured && type->cfg.rate_key() == rate_key;
   if (!known) return false;

@@ -214,7 +214,7 @@ struct Scheduler::Job {
   int32_t attempt = 0;
   TypeState* type = nullptr;
   std::string resource;
-  std::string conflict;  // "group\x1fresource", or empty when it conflicts with nothing
+  std::string conflict;      // "group\x1fresource", or empty when it conflicts with nothing
   uint64_t conflict_id = 0;  // while in a lane: ConflictLanes::id of `conflict`
   KeyState* key = nullptr;
   job::Labels labels;

@@ -19,20 +19,34 @@ namespace dispatchd::sched {
 
 absl::string_view ToString(WaitReason reason) {
   switch (reason) {
-    case WaitReason::kNone: return "none";
-    case WaitReason::kNotBefore: return "not_before";
-    case WaitReason::kTierCap: return "tier_cap";
-    case WaitReason::kTypeCap: return "type_cap";
-    case WaitReason::kConflict: return "conflict";
-    case WaitReason::kRateLimit: return "rate_limit";
-    case WaitReason::kTenantCap: return "tenant_cap";
-    case WaitReason::kTenantRate: return "tenant_rate";
-    case WaitReason::kNoWorker: return "no_worker";
-    case WaitReason::kWorkersBusy: return "workers_busy";
-    case WaitReason::kMemory: return "memory";
-    case WaitReason::kVram: return "vram";
-    case WaitReason::kAffinity: return "affinity";
-    case WaitReason::kInLine: return "in_line";
+    case WaitReason::kNone:
+      return "none";
+    case WaitReason::kNotBefore:
+      return "not_before";
+    case WaitReason::kTierCap:
+      return "tier_cap";
+    case WaitReason::kTypeCap:
+      return "type_cap";
+    case WaitReason::kConflict:
+      return "conflict";
+    case WaitReason::kRateLimit:
+      return "rate_limit";
+    case WaitReason::kTenantCap:
+      return "tenant_cap";
+    case WaitReason::kTenantRate:
+      return "tenant_rate";
+    case WaitReason::kNoWorker:
+      return "no_worker";
+    case WaitReason::kWorkersBusy:
+      return "workers_busy";
+    case WaitReason::kMemory:
+      return "memory";
+    case WaitReason::kVram:
+      return "vram";
+    case WaitReason::kAffinity:
+      return "affinity";
+    case WaitReason::kInLine:
+      return "in_line";
   }
   return "unknown";
 }
@@ -145,8 +159,8 @@ WaitInfo Scheduler::WhyWaitingNow(const Job& j, absl::Time now) const {
   }
 
   if (!j.conflict.empty() && !j.in_ready) {
-    info.reason = conflicts_running_.contains(j.conflict) ? WaitReason::kConflict
-                                                          : WaitReason::kInLine;
+    info.reason =
+        conflicts_running_.contains(j.conflict) ? WaitReason::kConflict : WaitReason::kInLine;
     return info;
   }
   if (tenant.capped()) {
@@ -332,8 +346,7 @@ std::vector<std::string> Scheduler::Audit(bool repair) {
   absl::flat_hash_map<const ModelState*, Counts> models;
   absl::flat_hash_map<const KeyState*, Counts> keys;
   absl::flat_hash_map<const TenantState*, Counts> tenants;
-  absl::flat_hash_map<const KeyState*, absl::flat_hash_map<const TypeState*, int64_t>>
-      key_types;
+  absl::flat_hash_map<const KeyState*, absl::flat_hash_map<const TypeState*, int64_t>> key_types;
   absl::flat_hash_map<const WorkerState*, int> busy;
   absl::flat_hash_map<const WorkerState*, absl::flat_hash_map<ModelState*, int>> in_use;
   absl::flat_hash_map<std::string, int> conflicts;
@@ -384,8 +397,7 @@ std::vector<std::string> Scheduler::Audit(bool repair) {
     check(k->pending, c.queued, "key \"" + name + "\"", "pending", "jobs pending");
     absl::flat_hash_map<const TypeState*, int64_t>& by_type = key_types[k.get()];
     for (auto& [type, n] : k->pending_by_type) {
-      check(n, by_type[type], "key \"" + name + "\" type " + type->name, "pending",
-            "jobs pending");
+      check(n, by_type[type], "key \"" + name + "\" type " + type->name, "pending", "jobs pending");
     }
     for (const auto& [type, n] : by_type) {
       if (!k->pending_by_type.contains(type)) {
@@ -411,8 +423,8 @@ std::vector<std::string> Scheduler::Audit(bool repair) {
     double vram = 0;
     for (const auto& [model, n] : want) vram += model->vram;
     if (std::abs(w->vram_in_use - vram) > 1e-6) {
-      drifts.push_back(absl::StrCat(what, ": vram_in_use ", w->vram_in_use, ", its jobs' models ",
-                                    vram));
+      drifts.push_back(
+          absl::StrCat(what, ": vram_in_use ", w->vram_in_use, ", its jobs' models ", vram));
       if (repair) w->vram_in_use = vram;
     }
     if (repair && changed) UpdateAvailable(*w);
@@ -423,14 +435,14 @@ std::vector<std::string> Scheduler::Audit(bool repair) {
     auto it = conflicts.find(key);
     int want = it == conflicts.end() ? 0 : it->second;
     if (n == want) continue;
-    drifts.push_back(absl::StrCat("conflict ", absl::CHexEscape(key), ": running ", n,
-                                  ", jobs placed ", want));
+    drifts.push_back(
+        absl::StrCat("conflict ", absl::CHexEscape(key), ": running ", n, ", jobs placed ", want));
     if (want == 0) toggles.push_back({key, false});
   }
   for (const auto& [key, n] : conflicts) {
     if (conflicts_running_.contains(key)) continue;
-    drifts.push_back(absl::StrCat("conflict ", absl::CHexEscape(key), ": running 0, jobs placed ",
-                                  n));
+    drifts.push_back(
+        absl::StrCat("conflict ", absl::CHexEscape(key), ": running 0, jobs placed ", n));
     toggles.push_back({key, true});
   }
   if (repair) {

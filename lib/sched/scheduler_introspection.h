@@ -14,20 +14,20 @@ namespace dispatchd::sched {
 
 // Why a pending job is not dispatched now. One enum so logs, metrics and API messages agree.
 enum class WaitReason {
-  kNone,           // it would be dispatched now
-  kNotBefore,      // its not_before has not passed
-  kTierCap,        // its tier runs as many jobs as the tier's value
-  kTypeCap,        // its type runs max_concurrency jobs
-  kConflict,       // a job of its conflict group runs on its resource_id
-  kRateLimit,      // its model's token bucket is empty
-  kTenantCap,      // its tenant runs max_running jobs
-  kTenantRate,     // its tenant's bucket for its model is empty
-  kNoWorker,       // no connected worker serves its type and labels
-  kWorkersBusy,    // workers that could take it have no free slot
-  kMemory,         // workers with a free slot are memory-throttled
-  kVram,           // workers with a free slot have no VRAM for its model
-  kAffinity,       // free workers stay on their resident models (see max_affinity_wait)
-  kInLine,         // it could run, but other jobs come first
+  kNone,         // it would be dispatched now
+  kNotBefore,    // its not_before has not passed
+  kTierCap,      // its tier runs as many jobs as the tier's value
+  kTypeCap,      // its type runs max_concurrency jobs
+  kConflict,     // a job of its conflict group runs on its resource_id
+  kRateLimit,    // its model's token bucket is empty
+  kTenantCap,    // its tenant runs max_running jobs
+  kTenantRate,   // its tenant's bucket for its model is empty
+  kNoWorker,     // no connected worker serves its type and labels
+  kWorkersBusy,  // workers that could take it have no free slot
+  kMemory,       // workers with a free slot are memory-throttled
+  kVram,         // workers with a free slot have no VRAM for its model
+  kAffinity,     // free workers stay on their resident models (see max_affinity_wait)
+  kInLine,       // it could run, but other jobs come first
 };
 absl::string_view ToString(WaitReason reason);
 
@@ -57,8 +57,8 @@ struct WorkerView {
   std::string id;
   int64_t rank = 0;
   int slots = 0;
-  int busy = 0;           // jobs placed on it (dispatched or running)
-  int capacity = 0;       // slots it is believed to accept now (<= slots; lowered by refusals)
+  int busy = 0;      // jobs placed on it (dispatched or running)
+  int capacity = 0;  // slots it is believed to accept now (<= slots; lowered by refusals)
   bool draining = false;
   bool throttled = false;  // memory-throttled: no new jobs
   double vram_gb = -1;
@@ -102,16 +102,16 @@ struct SchedulerStats {
     double weight = 1;
     int64_t queued = 0, running = 0;
     double share = 0, fair_share = 0;  // as in WaitInfo
-    double cost = 0;  // weight-normalised service
+    double cost = 0;                   // weight-normalised service
     int max_running = 0, min_running = 0;
     int64_t keys = 0;
   };
-  std::vector<Tier> tiers;    // by priority, highest first
-  std::vector<Type> types;    // by name
-  std::vector<Model> models;  // by name
-  std::vector<Key> keys;      // by accumulated cost, lowest first
+  std::vector<Tier> tiers;      // by priority, highest first
+  std::vector<Type> types;      // by name
+  std::vector<Model> models;    // by name
+  std::vector<Key> keys;        // by accumulated cost, lowest first
   std::vector<Tenant> tenants;  // by name
-  int64_t keys_total = 0;     // fairness keys known, also those left out of `keys`
+  int64_t keys_total = 0;       // fairness keys known, also those left out of `keys`
   double virtual_time = 0;
 };
 

@@ -42,7 +42,8 @@ void Scheduler::AddWorker(const WorkerSpec& spec) {
   if (fresh) {
     // Jobs adopted before this worker connected (a daemon restart) now count on it.
     for (auto& [id, job] : jobs_) {
-      if (job->where != Job::Where::kPlaced || job->worker != nullptr || job->worker_id != spec.id) {
+      if (job->where != Job::Where::kPlaced || job->worker != nullptr ||
+          job->worker_id != spec.id) {
         continue;
       }
       Attach(*job, w);

@@ -9,7 +9,8 @@ namespace dispatchd::sched {
 namespace {
 
 absl::Duration IntervalOf(const config::RateLimit& limit) {
-  DISPATCHD_CHECK(limit.per_second > 0 && limit.burst >= 1, "token bucket needs a rate and a burst");
+  DISPATCHD_CHECK(limit.per_second > 0 && limit.burst >= 1,
+                  "token bucket needs a rate and a burst");
   // Rounded up to whole nanoseconds, so the bucket never runs faster than configured.
   return absl::Nanoseconds(std::ceil(1e9 / limit.per_second));
 }

@@ -10,9 +10,9 @@ namespace dispatchd::sched {
 
 // A token bucket (refill `per_second`, capacity `burst`) kept as the generic cell rate algorithm:
 // one timestamp, the theoretical arrival time of the next conforming take. A take at `now` conforms
-// when `tat - now <= (burst - 1) * interval`, and then moves `tat` one interval on. All arithmetic is
-// in absl::Duration (integer quarter-nanoseconds), so no rounding drifts: over any window of length
-// t, at most `burst + per_second * t` takes succeed, whatever the order of calls.
+// when `tat - now <= (burst - 1) * interval`, and then moves `tat` one interval on. All arithmetic
+// is in absl::Duration (integer quarter-nanoseconds), so no rounding drifts: over any window of
+// length t, at most `burst + per_second * t` takes succeed, whatever the order of calls.
 //
 // Not thread-safe: the scheduler owns its buckets.
 class TokenBucket {

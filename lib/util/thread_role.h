@@ -26,6 +26,7 @@
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
+
 #include "lib/util/check.h"
 
 namespace dispatchd::util {

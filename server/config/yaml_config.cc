@@ -86,7 +86,8 @@ absl::Duration Duration(const YAML::Node& node, const std::string& key) {
   absl::Duration d;
   if (!absl::ParseDuration(s, &d)) {
     Fail(node, key,
-         absl::StrCat("invalid duration \"", s, "\": want a number with a unit, e.g. 500ms, 30s, 10m, 2h"));
+         absl::StrCat("invalid duration \"", s,
+                      "\": want a number with a unit, e.g. 500ms, 30s, 10m, 2h"));
   }
   return d;
 }
@@ -164,7 +165,8 @@ void ForEachKey(const YAML::Node& map, const std::string& path,
     bool known = false;
     for (absl::string_view a : allowed) known |= (a == key);
     if (!known) {
-      Fail(entry.first, full, absl::StrCat("unknown key (known here: ", absl::StrJoin(allowed, ", "), ")"));
+      Fail(entry.first, full,
+           absl::StrCat("unknown key (known here: ", absl::StrJoin(allowed, ", "), ")"));
     }
     fn(key, full, entry.second);
   }
@@ -366,17 +368,17 @@ config::CertificatePrincipal ParseCertificate(const YAML::Node& node, const std:
 
 config::AuthConfig ParseAuth(const YAML::Node& node, const std::string& path) {
   config::AuthConfig auth;
-  ForEachKey(node, path, kAuthKeys,
-             [&](const std::string& key, const std::string& full, const YAML::Node& v) {
-               if (key == "tokens_file") auth.tokens_file = String(v, full);
-               if (key == "certificates") {
-                 if (!v.IsSequence()) Fail(v, full, "want a list of {name, principal, role}");
-                 for (size_t i = 0; i < v.size(); ++i) {
-                   auth.certificates.push_back(
-                       ParseCertificate(v[i], absl::StrCat(full, "[", i, "]")));
-                 }
-               }
-             });
+  ForEachKey(
+      node, path, kAuthKeys,
+      [&](const std::string& key, const std::string& full, const YAML::Node& v) {
+        if (key == "tokens_file") auth.tokens_file = String(v, full);
+        if (key == "certificates") {
+          if (!v.IsSequence()) Fail(v, full, "want a list of {name, principal, role}");
+          for (size_t i = 0; i < v.size(); ++i) {
+            auth.certificates.push_back(ParseCertificate(v[i], absl::StrCat(full, "[", i, "]")));
+          }
+        }
+      });
   return auth;
 }
 
@@ -490,8 +492,8 @@ YAML::Mark MarkOf(const YAML::Node& root, absl::string_view key_path) {
       size_t close = path.find(']', end);
       size_t index = 0;
       if (close == std::string::npos ||
-          !absl::SimpleAtoi(path.substr(end + 1, close - end - 1), &index) ||
-          !node.IsSequence() || index >= node.size()) {
+          !absl::SimpleAtoi(path.substr(end + 1, close - end - 1), &index) || !node.IsSequence() ||
+          index >= node.size()) {
         break;
       }
       node = node[index];
@@ -540,7 +542,8 @@ absl::StatusOr<config::Config> ParseConfig(absl::string_view yaml, absl::string_
 absl::StatusOr<config::Config> LoadConfigFile(const std::string& path) {
   std::ifstream in(path);
   if (!in) {
-    return absl::NotFoundError(absl::StrCat(path, ": cannot open config file: ", std::strerror(errno)));
+    return absl::NotFoundError(
+        absl::StrCat(path, ": cannot open config file: ", std::strerror(errno)));
   }
   std::stringstream text;
   text << in.rdbuf();

@@ -5,6 +5,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+
 #include "lib/config/config.h"
 
 namespace dispatchd::server {

@@ -73,13 +73,20 @@ void ToProto(const job::JobSpec& spec, v1::JobSpec* out) {
 
 v1::JobState ToProto(job::JobState state) {
   switch (state) {
-    case job::JobState::kQueued: return v1::JOB_STATE_QUEUED;
-    case job::JobState::kDispatched: return v1::JOB_STATE_DISPATCHED;
-    case job::JobState::kRunning: return v1::JOB_STATE_RUNNING;
-    case job::JobState::kSucceeded: return v1::JOB_STATE_SUCCEEDED;
-    case job::JobState::kFailed: return v1::JOB_STATE_FAILED;
-    case job::JobState::kCancelled: return v1::JOB_STATE_CANCELLED;
-    case job::JobState::kExpired: return v1::JOB_STATE_EXPIRED;
+    case job::JobState::kQueued:
+      return v1::JOB_STATE_QUEUED;
+    case job::JobState::kDispatched:
+      return v1::JOB_STATE_DISPATCHED;
+    case job::JobState::kRunning:
+      return v1::JOB_STATE_RUNNING;
+    case job::JobState::kSucceeded:
+      return v1::JOB_STATE_SUCCEEDED;
+    case job::JobState::kFailed:
+      return v1::JOB_STATE_FAILED;
+    case job::JobState::kCancelled:
+      return v1::JOB_STATE_CANCELLED;
+    case job::JobState::kExpired:
+      return v1::JOB_STATE_EXPIRED;
   }
   return v1::JOB_STATE_UNSPECIFIED;
 }

@@ -2,9 +2,10 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "dispatchd/v1/job.pb.h"
 #include "google/protobuf/duration.pb.h"
 #include "google/protobuf/timestamp.pb.h"
+
+#include "dispatchd/v1/job.pb.h"
 #include "lib/job/job.h"
 
 namespace dispatchd::convert {

@@ -2,9 +2,6 @@
 // objects (embedded PostgreSQL if no URL is configured, the store, the dispatcher, the gRPC
 // services) and wires them; there are no other globals.
 
-#include <signal.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -20,28 +17,31 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "google/protobuf/stubs/logging.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
+#include <signal.h>
+#include <unistd.h>
+
 #include "lib/config/live_config.h"
 #include "lib/util/clock.h"
+#include "server/auth/grpc_auth.h"
 #include "server/config/yaml_config.h"
 #include "server/dispatch/dispatcher.h"
 #include "server/dispatch/job_events.h"
 #include "server/embedded/embedded_postgres.h"
 #include "server/ha/leadership.h"
-#include "google/protobuf/stubs/logging.h"
-#include "server/auth/grpc_auth.h"
 #include "server/metrics/daemon_metrics.h"
 #include "server/metrics/http_server.h"
 #include "server/rpc/admin_service.h"
 #include "server/rpc/job_service.h"
 #include "server/rpc/worker_service.h"
 #include "server/store/group_inserter.h"
-#include "server/store/retention_keeper.h"
 #include "server/store/pg_job_store.h"
+#include "server/store/retention_keeper.h"
 #include "server/util/executor.h"
 #include "server/util/log.h"
 #include "server/util/systemd.h"
@@ -190,8 +190,7 @@ class Reloader {
       absl::StatusOr<std::shared_ptr<const auth::Identities>> ids =
           auth::Identities::Load(merged.auth);
       if (!ids.ok()) {
-        log->error("reload refused, the running config stays in force: {}",
-                   ids.status().message());
+        log->error("reload refused, the running config stays in force: {}", ids.status().message());
         server::NotifySystemd("READY=1\nSTATUS=serving; the last reload was refused (see the log)");
         return absl::FailedPreconditionError(absl::StrCat(
             "reload refused, the running config stays in force: ", ids.status().message()));
@@ -289,8 +288,8 @@ int Run(int argc, char** argv) {
       log->error("{}", ids.status().message());
       return kExitConfig;
     }
-    log->info("auth: {} token(s) of {} principal(s), {} certificate name(s)",
-              (*ids)->tokens.size(), (*ids)->tokens.principals(), (*ids)->certificates.size());
+    log->info("auth: {} token(s) of {} principal(s), {} certificate name(s)", (*ids)->tokens.size(),
+              (*ids)->tokens.principals(), (*ids)->certificates.size());
     identities = *std::move(ids);
   }
   if (config.insecure) {
@@ -317,11 +316,10 @@ int Run(int argc, char** argv) {
     }
     log->info("postgres.url is empty: starting the embedded PostgreSQL under {}/pg",
               config.state_dir);
-    absl::StatusOr<std::unique_ptr<server::EmbeddedPostgres>> pg =
-        server::EmbeddedPostgres::Start(server::EmbeddedPostgresOptions{
-            .state_dir = config.state_dir,
-            .bin_dir = config.postgres.bin_dir,
-            .run_as_user = config.postgres.embedded_user});
+    absl::StatusOr<std::unique_ptr<server::EmbeddedPostgres>> pg = server::EmbeddedPostgres::Start(
+        server::EmbeddedPostgresOptions{.state_dir = config.state_dir,
+                                        .bin_dir = config.postgres.bin_dir,
+                                        .run_as_user = config.postgres.embedded_user});
     if (!pg.ok()) {
       log->error("{}", pg.status().message());
       return kExitFailure;
@@ -387,9 +385,9 @@ int Run(int argc, char** argv) {
   }
   log->info("serving address={} daemon={} role={} tls={} auth={}", address, daemon_id,
             leadership.leader().is_leader ? "leader" : "standby",
-            !config.tls.enabled()                                  ? "off"
+            !config.tls.enabled()                                    ? "off"
             : config.tls.client_auth == config::ClientAuth::kRequire ? "mutual"
-                                                                   : "on",
+                                                                     : "on",
             gate.enabled() ? "on" : "off");
   std::unique_ptr<metrics::HttpServer> metrics_server;
   if (!config.metrics.listen.empty()) {
@@ -415,9 +413,9 @@ int Run(int argc, char** argv) {
     std::string why;
     const bool serving = leadership.Serving(kHealthStall, &why);
     if (last == serving) return;
-    for (const char* service : {"", v1::JobService::service_full_name(),
-                                v1::WorkerService::service_full_name(),
-                                v1::AdminService::service_full_name()}) {
+    for (const char* service :
+         {"", v1::JobService::service_full_name(), v1::WorkerService::service_full_name(),
+          v1::AdminService::service_full_name()}) {
       health->SetServingStatus(service, serving);
     }
     if (serving) {

@@ -7,6 +7,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
+
 #include "lib/job/job.h"
 
 namespace dispatchd::dispatch {

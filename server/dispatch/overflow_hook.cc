@@ -1,15 +1,15 @@
 #include "server/dispatch/overflow_hook.h"
 
-#include <fcntl.h>
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <cerrno>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include "server/util/log.h"
 
 extern char** environ;
@@ -43,8 +43,9 @@ bool OverflowHook::MaybeRun(absl::Time now,
     total += n;
   }
   // Everything the child needs is built before fork: after it, only async-signal-safe calls.
-  std::vector<std::string> env_strings = {absl::StrCat("DISPATCHD_BACKLOG=", absl::StrJoin(parts, " ")),
-                                          absl::StrCat("DISPATCHD_BACKLOG_TOTAL=", total)};
+  std::vector<std::string> env_strings = {
+      absl::StrCat("DISPATCHD_BACKLOG=", absl::StrJoin(parts, " ")),
+      absl::StrCat("DISPATCHD_BACKLOG_TOTAL=", total)};
   for (char** e = environ; *e != nullptr; ++e) {
     if (strncmp(*e, "DISPATCHD_BACKLOG", 17) != 0) env_strings.emplace_back(*e);
   }
@@ -83,8 +84,8 @@ bool OverflowHook::MaybeRun(absl::Time now,
     server::Log("dispatch")->warn("overflow hook: fork failed: {}", std::strerror(errno));
     return false;
   }
-  server::Log("dispatch")->info("overflow hook started pid={} backlog=\"{}\"", pid,
-                                absl::StrJoin(parts, " "));
+  server::Log("dispatch")
+      ->info("overflow hook started pid={} backlog=\"{}\"", pid, absl::StrJoin(parts, " "));
   {
     absl::MutexLock l(&mu_);
     running_ = true;
@@ -112,11 +113,12 @@ void OverflowHook::Wait(pid_t pid) {
     absl::SleepFor(absl::Milliseconds(20));
   }
   if (killed) {
-    server::Log("dispatch")->warn("overflow hook killed after {} pid={}",
-                                  absl::FormatDuration(config_.timeout), pid);
+    server::Log("dispatch")
+        ->warn("overflow hook killed after {} pid={}", absl::FormatDuration(config_.timeout), pid);
   } else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    server::Log("dispatch")->warn("overflow hook failed pid={} status={}", pid,
-                                  WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+    server::Log("dispatch")
+        ->warn("overflow hook failed pid={} status={}", pid,
+               WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
   }
   absl::MutexLock l(&mu_);
   running_ = false;

@@ -8,6 +8,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+
 #include "lib/config/config.h"
 
 namespace dispatchd::dispatch {

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+
 #include "dispatchd/v1/worker_service.pb.h"
 
 namespace dispatchd::dispatch {

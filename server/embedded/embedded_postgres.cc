@@ -1,13 +1,5 @@
 #include "server/embedded/embedded_postgres.h"
 
-#include <fcntl.h>
-#include <grp.h>
-#include <pwd.h>
-#include <sys/stat.h>
-#include <sys/types.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -19,6 +11,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "pqxx/pqxx"
+#include <fcntl.h>
+#include <grp.h>
+#include <pwd.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 namespace dispatchd::server {
 namespace {
@@ -100,14 +99,15 @@ absl::StatusOr<std::unique_ptr<EmbeddedPostgres>> EmbeddedPostgres::Start(
   for (const char* bin : {"initdb", "pg_ctl", "postgres"}) {
     std::string p = absl::StrCat(options.bin_dir, "/", bin);
     if (access(p.c_str(), X_OK) != 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "embedded postgres: ", p, " not found (install postgresql-15, or set postgres.bin_dir, "
-          "or point postgres.url at a server)"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("embedded postgres: ", p,
+                       " not found (install postgresql-15, or set postgres.bin_dir, "
+                       "or point postgres.url at a server)"));
     }
   }
   if (paths.socket.size() + 20 > 107) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "state_dir: too long for a unix socket path (", paths.socket, "); use a shorter state_dir"));
+    return absl::InvalidArgumentError(absl::StrCat("state_dir: too long for a unix socket path (",
+                                                   paths.socket, "); use a shorter state_dir"));
   }
 
   uid_t uid = geteuid();
@@ -160,17 +160,17 @@ absl::StatusOr<std::unique_ptr<EmbeddedPostgres>> EmbeddedPostgres::Start(
   absl::StatusOr<int> running = RunAs({pg_ctl, "-D", paths.data, "status"}, uid, gid, "/dev/null");
   if (!running.ok()) return running.status();
   if (*running != 0) {
-    std::string server_opts = absl::StrCat(
-        "-c listen_addresses='' -c unix_socket_directories='", paths.socket,
-        "' -c max_connections=100");
-    absl::StatusOr<int> rc =
-        RunAs({pg_ctl, "-D", paths.data, "-l", paths.log, "-w", "-t",
-               absl::StrCat(absl::ToInt64Seconds(options.start_timeout)), "-o", server_opts, "start"},
-              uid, gid, paths.log);
+    std::string server_opts = absl::StrCat("-c listen_addresses='' -c unix_socket_directories='",
+                                           paths.socket, "' -c max_connections=100");
+    absl::StatusOr<int> rc = RunAs(
+        {pg_ctl, "-D", paths.data, "-l", paths.log, "-w", "-t",
+         absl::StrCat(absl::ToInt64Seconds(options.start_timeout)), "-o", server_opts, "start"},
+        uid, gid, paths.log);
     if (!rc.ok()) return rc.status();
     if (*rc != 0) {
       return absl::UnavailableError(absl::StrCat("embedded postgres: server did not start (exit ",
-                                                 *rc, "); log ", paths.log, ":\n", Tail(paths.log)));
+                                                 *rc, "); log ", paths.log, ":\n",
+                                                 Tail(paths.log)));
     }
   }
 
@@ -186,8 +186,8 @@ absl::StatusOr<std::unique_ptr<EmbeddedPostgres>> EmbeddedPostgres::Start(
     return absl::UnavailableError(
         absl::StrCat("embedded postgres: cannot prepare database: ", e.what()));
   }
-  std::string url = absl::StrCat("postgresql:///", options.database, "?host=", paths.socket,
-                                 "&user=dispatchd");
+  std::string url =
+      absl::StrCat("postgresql:///", options.database, "?host=", paths.socket, "&user=dispatchd");
   return std::unique_ptr<EmbeddedPostgres>(new EmbeddedPostgres(options, std::move(url), uid, gid));
 }
 

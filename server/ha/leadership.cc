@@ -105,8 +105,8 @@ bool Leadership::MakingProgress(absl::Duration stall, std::string* why) const {
   }
   if (std::shared_ptr<dispatch::Dispatcher> d = dispatcher()) {
     if (const absl::Duration idle = now - d->LastLoop(); idle > stall) {
-      *why = absl::StrCat("the dispatcher loop has not come round for ",
-                          absl::FormatDuration(idle));
+      *why =
+          absl::StrCat("the dispatcher loop has not come round for ", absl::FormatDuration(idle));
       return false;
     }
   }
@@ -120,8 +120,8 @@ bool Leadership::Serving(absl::Duration stall, std::string* why) const {
   }
   if (std::shared_ptr<dispatch::Dispatcher> d = dispatcher()) {
     if (const absl::Duration idle = absl::Now() - d->LastLoop(); idle > stall) {
-      *why = absl::StrCat("the dispatcher loop has not come round for ",
-                          absl::FormatDuration(idle));
+      *why =
+          absl::StrCat("the dispatcher loop has not come round for ", absl::FormatDuration(idle));
       return false;
     }
   }

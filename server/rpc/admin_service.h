@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/status/statusor.h"
+
 #include "dispatchd/v1/admin_service.grpc.pb.h"
 #include "lib/config/config.h"
 #include "lib/config/live_config.h"
@@ -35,9 +36,8 @@ class AdminServiceImpl final : public RawAdminService {
   // the file is refused. Blocking; called on the executor.
   using Reloader = std::function<absl::StatusOr<v1::ReloadResponse>()>;
 
-  AdminServiceImpl(const config::LiveConfig& config, const auth::Gate& gate,
-                   store::JobStore& store, ha::Leadership& leadership, server::Executor& executor,
-                   Reloader reload)
+  AdminServiceImpl(const config::LiveConfig& config, const auth::Gate& gate, store::JobStore& store,
+                   ha::Leadership& leadership, server::Executor& executor, Reloader reload)
       : config_(config),
         gate_(gate),
         store_(store),
@@ -45,8 +45,7 @@ class AdminServiceImpl final : public RawAdminService {
         executor_(executor),
         reload_(std::move(reload)) {}
 
-  grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* ctx,
-                                  const grpc::ByteBuffer* request,
+  grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
                                   grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* ListWorkers(grpc::CallbackServerContext* ctx,
                                         const grpc::ByteBuffer* request,

@@ -78,8 +78,7 @@ absl::StatusOr<JobServiceImpl::Admitted> JobServiceImpl::Admit(
   const absl::Time now = clock_.TimeNow();
   const std::shared_ptr<const config::Config> config = config_.Get();
   for (size_t i = 0; i < specs.size(); ++i) {
-    const std::string prefix =
-        field_prefix.empty() ? "" : absl::StrCat(field_prefix, "[", i, "].");
+    const std::string prefix = field_prefix.empty() ? "" : absl::StrCat(field_prefix, "[", i, "].");
     absl::StatusOr<job::JobSpec> spec = convert::FromProto(*specs[i]);
     if (spec.ok()) {
       spec->fairness_key = auth::FairnessKeyFor(caller, spec->fairness_key);
@@ -187,11 +186,12 @@ void JobServiceImpl::Queue(grpc::CallbackServerContext* ctx, const auth::Princip
     std::move(reply)(server::ToGrpcStatus(jobs.status()));
     return;
   }
-  Enqueue(*std::move(jobs), [answer = std::move(answer), reply = std::move(reply)](
-                                absl::StatusOr<std::vector<store::InsertOutcome>> outcomes) mutable {
-    if (outcomes.ok()) std::move(answer)(*outcomes);
-    std::move(reply)(server::ToGrpcStatus(outcomes.status()));
-  });
+  Enqueue(*std::move(jobs),
+          [answer = std::move(answer), reply = std::move(reply)](
+              absl::StatusOr<std::vector<store::InsertOutcome>> outcomes) mutable {
+            if (outcomes.ok()) std::move(answer)(*outcomes);
+            std::move(reply)(server::ToGrpcStatus(outcomes.status()));
+          });
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::Submit(grpc::CallbackServerContext* ctx,
@@ -219,8 +219,7 @@ grpc::ServerUnaryReactor* JobServiceImpl::SubmitBatch(grpc::CallbackServerContex
   return ServeUnary<v1::SubmitBatchRequest, v1::SubmitBatchResponse>(
       request, response, [&](Call* call) {
         // Authorized first: a caller that may not submit learns nothing of the batch's shape.
-        absl::StatusOr<auth::Principal> caller =
-            gate_.Authorize(*ctx, auth::Method::kSubmitBatch);
+        absl::StatusOr<auth::Principal> caller = gate_.Authorize(*ctx, auth::Method::kSubmitBatch);
         if (!caller.ok()) return call->Reply(caller.status());
         const v1::SubmitBatchRequest& req = call->request();
         if (req.specs_size() < 1 || req.specs_size() > kMaxBatchSpecs) {
@@ -335,13 +334,11 @@ void JobServiceImpl::CancelAs(const auth::Principal& caller,
   if (status.ok()) {
     absl::StatusOr<store::CancelOutcome> outcome = store_.Cancel(
         req->job_id(), caller.authenticated
-                           ? absl::StrCat("cancelled by ", ToString(caller.role), " ",
-                                          caller.name)
+                           ? absl::StrCat("cancelled by ", ToString(caller.role), " ", caller.name)
                            : std::string("cancelled by client"));
     if (outcome.ok() && caller.authenticated && outcome->job.owner != caller.name) {
-      server::Log("audit")->info("action=cancel principal={} role={} job={} owner={}",
-                                 caller.name, ToString(caller.role), outcome->job.id,
-                                 outcome->job.owner);
+      server::Log("audit")->info("action=cancel principal={} role={} job={} owner={}", caller.name,
+                                 ToString(caller.role), outcome->job.id, outcome->job.owner);
     }
     if (outcome.ok()) {
       dispatch::LogFinished(outcome->job.id, JobState::kCancelled, outcome->job.attempt);
@@ -353,8 +350,8 @@ void JobServiceImpl::CancelAs(const auth::Principal& caller,
   call->Reply(status);
 }
 
-grpc::ServerWriteReactor<grpc::ByteBuffer>* JobServiceImpl::Watch(
-    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request) {
+grpc::ServerWriteReactor<grpc::ByteBuffer>* JobServiceImpl::Watch(grpc::CallbackServerContext* ctx,
+                                                                  const grpc::ByteBuffer* request) {
   v1::WatchRequest req;
   absl::StatusOr<auth::Principal> caller = gate_.Authorize(*ctx, auth::Method::kWatch);
   if (absl::Status parsed = ParseRequest(request, &req); caller.ok() && !parsed.ok()) {

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+
 #include "server/rpc/raw_call.h"
 #include "server/util/grpc_status.h"
 #include "server/util/log.h"
@@ -93,7 +94,8 @@ class WorkerStream final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc
             absl::StrCat(caller_.name, "/", in_.hello().worker_id()));
       }
       if (!s.ok()) {
-        server::Log("grpc")->warn("worker refused peer={} error=\"{}\"", link_->peer(), s.message());
+        server::Log("grpc")->warn("worker refused peer={} error=\"{}\"", link_->peer(),
+                                  s.message());
         Close(s);
         return;
       }
@@ -194,9 +196,9 @@ class WorkerStream final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc
   bool counted_ = false;                              // holds one of the caller's worker streams
   std::shared_ptr<dispatch::Dispatcher> dispatcher_;  // the term this stream said Hello to
   std::shared_ptr<StreamLink> link_;
-  auth::Principal caller_;  // set before the first read
+  auth::Principal caller_;   // set before the first read
   grpc::ByteBuffer raw_in_;  // touched only by the read chain
-  v1::WorkerMessage in_;      // raw_in_ parsed
+  v1::WorkerMessage in_;     // raw_in_ parsed
   bool said_hello_ = false;
 
   absl::Mutex mu_;

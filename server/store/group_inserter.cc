@@ -7,12 +7,12 @@
 
 #include "absl/status/status.h"
 #include "absl/time/clock.h"
+
 #include "server/metrics/daemon_metrics.h"
 
 namespace dispatchd::store {
 
-GroupInserter::GroupInserter(JobStore& store, Options options)
-    : store_(store), options_(options) {
+GroupInserter::GroupInserter(JobStore& store, Options options) : store_(store), options_(options) {
   const int n = std::max(1, options_.flushers);
   threads_.reserve(n);
   for (int i = 0; i < n; ++i) threads_.emplace_back([this] { Run(); });

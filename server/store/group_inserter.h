@@ -9,6 +9,7 @@
 #include "absl/functional/any_invocable.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+
 #include "lib/job/job.h"
 #include "server/store/job_store.h"
 

@@ -7,6 +7,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+
 #include "lib/job/job.h"
 
 namespace dispatchd::store {
@@ -30,7 +31,7 @@ struct ClaimRequest {
 // How a running attempt ended.
 struct FinishRequest {
   std::string job_id;
-  int32_t attempt = 0;                       // the attempt that ended
+  int32_t attempt = 0;                              // the attempt that ended
   job::JobState state = job::JobState::kSucceeded;  // SUCCEEDED, FAILED or CANCELLED
   std::string result;
   std::string error;
@@ -86,7 +87,7 @@ struct TurnOutcome {
 struct QueueCount {
   std::string type;
   std::string fairness_key;
-  int64_t queued = 0;  // QUEUED rows
+  int64_t queued = 0;       // QUEUED rows
   int64_t up_to_bound = 0;  // of those, rows with seq <= the bound asked about (CountQueued)
 };
 struct QueueBound {
@@ -120,7 +121,7 @@ struct JobRef {
 
 // Outcome of Cancel.
 struct CancelOutcome {
-  job::Job job;               // after the cancellation
+  job::Job job;                                     // after the cancellation
   job::JobState previous = job::JobState::kQueued;  // state before it
 };
 

@@ -45,8 +45,9 @@ absl::StatusOr<std::unique_ptr<PgJobStore>> PgJobStore::Connect(const PgStoreOpt
                                                    absl::FormatDuration(options.connect_timeout)));
   }
   if (options.retention < absl::Seconds(1) || options.retention == absl::InfiniteDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat("retention: must be at least 1s and finite, got ",
-                                                   absl::FormatDuration(options.retention)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("retention: must be at least 1s and finite, got ",
+                     absl::FormatDuration(options.retention)));
   }
   if (options.idempotency_window < absl::ZeroDuration() ||
       options.idempotency_window == absl::InfiniteDuration()) {
@@ -92,8 +93,8 @@ namespace {
 
 // Inserts `jobs`, returning the ids written with their seq.
 absl::flat_hash_map<std::string, int64_t> ExecInsert(pqxx::transaction_base& txn,
-                                            const std::vector<const job::Job*>& jobs,
-                                            bool notify_leader) {
+                                                     const std::vector<const job::Job*>& jobs,
+                                                     bool notify_leader) {
   const InsertColumns c(jobs);
   pqxx::result rows = txn.exec_prepared(
       kInsertJobs.name, TextArrayLiteral(c.ids), TextArrayLiteral(c.types),
@@ -110,8 +111,8 @@ absl::flat_hash_map<std::string, int64_t> ExecInsert(pqxx::transaction_base& txn
 
 }  // namespace
 
-absl::StatusOr<std::vector<InsertOutcome>> PgJobStore::InsertMany(
-    const std::vector<job::Job>& jobs, bool notify_leader) {
+absl::StatusOr<std::vector<InsertOutcome>> PgJobStore::InsertMany(const std::vector<job::Job>& jobs,
+                                                                  bool notify_leader) {
   for (size_t i = 0; i < jobs.size(); ++i) {
     if (absl::Status valid = ValidateForInsert(jobs[i]); !valid.ok()) {
       return absl::Status(valid.code(), absl::StrCat("jobs[", i, "].", valid.message()));
@@ -119,8 +120,8 @@ absl::StatusOr<std::vector<InsertOutcome>> PgJobStore::InsertMany(
   }
   std::vector<InsertOutcome> outcomes(jobs.size());
   if (jobs.empty()) return outcomes;
-  const bool any_key = absl::c_any_of(
-      jobs, [](const job::Job& job) { return !job.spec.idempotency_key.empty(); });
+  const bool any_key =
+      absl::c_any_of(jobs, [](const job::Job& job) { return !job.spec.idempotency_key.empty(); });
   return WithConnection(
       *pool_, absl::StrCat("insert ", jobs.size(), " jobs"),
       [&](pqxx::connection& conn) -> absl::StatusOr<std::vector<InsertOutcome>> {
@@ -198,13 +199,13 @@ absl::StatusOr<std::vector<InsertOutcome>> PgJobStore::InsertMany(
             if (!undo.empty()) txn.exec_prepared(kUndoInserts.name, TextArrayLiteral(undo));
             for (const job::Job* job : written) {
               if (outcomes[index[job]].deduplicated) continue;
-              outcomes[index[job]] = InsertOutcome{
-                  .job_id = job->id, .deduplicated = false, .seq = inserted[job->id]};
+              outcomes[index[job]] =
+                  InsertOutcome{.job_id = job->id, .deduplicated = false, .seq = inserted[job->id]};
             }
           } else {
             for (const job::Job* job : written) {
-              outcomes[index[job]] = InsertOutcome{
-                  .job_id = job->id, .deduplicated = false, .seq = inserted[job->id]};
+              outcomes[index[job]] =
+                  InsertOutcome{.job_id = job->id, .deduplicated = false, .seq = inserted[job->id]};
             }
           }
           pending.clear();
@@ -220,8 +221,8 @@ absl::StatusOr<std::vector<InsertOutcome>> PgJobStore::InsertMany(
           }
         }
         if (!pending.empty()) {
-          return absl::AbortedError(absl::StrCat("insert ", jobs.size(),
-                                                 " jobs: idempotency key conflict vanished; retry"));
+          return absl::AbortedError(absl::StrCat(
+              "insert ", jobs.size(), " jobs: idempotency key conflict vanished; retry"));
         }
         txn.commit();
         return outcomes;
@@ -242,12 +243,12 @@ absl::StatusOr<job::Job> PgJobStore::Get(const std::string& job_id) {
 
 absl::StatusOr<std::vector<job::Job>> PgJobStore::GetMany(const std::vector<std::string>& job_ids) {
   if (job_ids.empty()) return std::vector<job::Job>{};
-  return WithConnection(*pool_, absl::StrCat("get ", job_ids.size(), " jobs"),
-                        [&](pqxx::connection& conn) -> absl::StatusOr<std::vector<job::Job>> {
-                          pqxx::nontransaction txn(conn);
-                          return RowsToJobs(
-                              txn.exec_prepared(kGetJobs.name, TextArrayLiteral(job_ids)));
-                        });
+  return WithConnection(
+      *pool_, absl::StrCat("get ", job_ids.size(), " jobs"),
+      [&](pqxx::connection& conn) -> absl::StatusOr<std::vector<job::Job>> {
+        pqxx::nontransaction txn(conn);
+        return RowsToJobs(txn.exec_prepared(kGetJobs.name, TextArrayLiteral(job_ids)));
+      });
 }
 
 absl::StatusOr<std::vector<job::Job>> PgJobStore::LoadActive() {
@@ -289,8 +290,7 @@ absl::StatusOr<QueuedHeads> PgJobStore::LoadQueuedHeads(int64_t per_queue) {
 
 absl::StatusOr<std::vector<job::Job>> PgJobStore::LoadQueuedPage(const std::string& type,
                                                                  const std::string& fairness_key,
-                                                                 int64_t after_seq,
-                                                                 int64_t limit) {
+                                                                 int64_t after_seq, int64_t limit) {
   return WithConnection(*pool_, absl::StrCat("load queued jobs of ", type),
                         [&](pqxx::connection& conn) -> absl::StatusOr<std::vector<job::Job>> {
                           pqxx::nontransaction txn(conn);
@@ -302,13 +302,12 @@ absl::StatusOr<std::vector<job::Job>> PgJobStore::LoadQueuedPage(const std::stri
 absl::StatusOr<int64_t> PgJobStore::CountQueuedBefore(const std::string& type,
                                                       const std::string& fairness_key,
                                                       int64_t seq) {
-  return WithConnection(*pool_, "count queued jobs ahead",
-                        [&](pqxx::connection& conn) -> absl::StatusOr<int64_t> {
-                          pqxx::nontransaction txn(conn);
-                          return txn.exec_prepared(kCountQueuedBefore.name, type, fairness_key,
-                                                   seq)[0][0]
-                              .as<int64_t>();
-                        });
+  return WithConnection(
+      *pool_, "count queued jobs ahead", [&](pqxx::connection& conn) -> absl::StatusOr<int64_t> {
+        pqxx::nontransaction txn(conn);
+        return txn.exec_prepared(kCountQueuedBefore.name, type, fairness_key, seq)[0][0]
+            .as<int64_t>();
+      });
 }
 
 absl::StatusOr<std::vector<QueueCount>> PgJobStore::CountQueued(
@@ -365,22 +364,23 @@ absl::StatusOr<int64_t> PgJobStore::CountActive() {
 }
 
 absl::StatusOr<std::vector<TypeStateCount>> PgJobStore::CountActiveByTypeAndState() {
-  return WithConnection(
-      *pool_, "count active jobs by type and state",
-      [&](pqxx::connection& conn) -> absl::StatusOr<std::vector<TypeStateCount>> {
-        pqxx::result rows = ExecScan(conn, kCountActiveByTypeAndState);
-        std::vector<TypeStateCount> counts;
-        counts.reserve(rows.size());
-        for (const pqxx::row& row : rows) {
-          std::optional<job::JobState> parsed = job::ParseJobState(TextFromField(row[1]));
-          if (!parsed.has_value()) return absl::InternalError("unknown job state");
-          counts.push_back(TypeStateCount{.type = TextFromField(row[0]),
-                                          .state = *parsed,
-                                          .count = row[2].as<int64_t>(),
-                                          .owner = TextFromField(row[3])});
-        }
-        return counts;
-      });
+  return WithConnection(*pool_, "count active jobs by type and state",
+                        [&](pqxx::connection& conn) -> absl::StatusOr<std::vector<TypeStateCount>> {
+                          pqxx::result rows = ExecScan(conn, kCountActiveByTypeAndState);
+                          std::vector<TypeStateCount> counts;
+                          counts.reserve(rows.size());
+                          for (const pqxx::row& row : rows) {
+                            std::optional<job::JobState> parsed =
+                                job::ParseJobState(TextFromField(row[1]));
+                            if (!parsed.has_value())
+                              return absl::InternalError("unknown job state");
+                            counts.push_back(TypeStateCount{.type = TextFromField(row[0]),
+                                                            .state = *parsed,
+                                                            .count = row[2].as<int64_t>(),
+                                                            .owner = TextFromField(row[3])});
+                          }
+                          return counts;
+                        });
 }
 
 absl::StatusOr<std::vector<JobRef>> PgJobStore::GetRefs(const std::vector<std::string>& job_ids) {

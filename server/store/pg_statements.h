@@ -42,17 +42,18 @@ struct Statement {
 
 // Columns of a job, in the order RowToJob reads them (see enum Col), with `payload` the
 // expression read as the payload.
-#define DISPATCHD_PG_JOB_COLUMNS_WITH(payload)                                                \
-  "id, type, " payload ", resource_id, fairness_key, "                                        \
-  "idempotency_key, max_attempts, timeout_ms, "           \
-  "(extract(epoch FROM dispatch_deadline_at - created_at) * 1000000)::int8, "                 \
-  "(extract(epoch FROM not_before) * 1000000)::int8, "                                        \
-  "ARRAY(SELECT ARRAY[key, value] FROM jsonb_each_text(labels)), "                            \
-  "state, attempt, worker_id, result, error, "                                                \
-  "(extract(epoch FROM created_at) * 1000000)::int8, "                                        \
-  "(extract(epoch FROM dispatched_at) * 1000000)::int8, "                                     \
-  "(extract(epoch FROM started_at) * 1000000)::int8, "                                        \
-  "(extract(epoch FROM finished_at) * 1000000)::int8, "                                       \
+#define DISPATCHD_PG_JOB_COLUMNS_WITH(payload)                                \
+  "id, type, " payload                                                        \
+  ", resource_id, fairness_key, "                                             \
+  "idempotency_key, max_attempts, timeout_ms, "                               \
+  "(extract(epoch FROM dispatch_deadline_at - created_at) * 1000000)::int8, " \
+  "(extract(epoch FROM not_before) * 1000000)::int8, "                        \
+  "ARRAY(SELECT ARRAY[key, value] FROM jsonb_each_text(labels)), "            \
+  "state, attempt, worker_id, result, error, "                                \
+  "(extract(epoch FROM created_at) * 1000000)::int8, "                        \
+  "(extract(epoch FROM dispatched_at) * 1000000)::int8, "                     \
+  "(extract(epoch FROM started_at) * 1000000)::int8, "                        \
+  "(extract(epoch FROM finished_at) * 1000000)::int8, "                       \
   "(extract(epoch FROM updated_at) * 1000000)::int8, owner, seq"
 #define DISPATCHD_PG_JOB_COLUMNS DISPATCHD_PG_JOB_COLUMNS_WITH("payload")
 // The dispatcher's loads leave payloads in the database: a claim returns them.
@@ -172,28 +173,31 @@ ORDER BY k.owner, k.fairness_key, k.idempotency_key, d.finished_at DESC)sql"};
 
 // $1 ids: rows just inserted that turned out to repeat a key (same transaction).
 inline constexpr Statement kUndoInserts{"undo_inserts",
-                                 "DELETE FROM jobs_active WHERE id = ANY($1::text[])"};
+                                        "DELETE FROM jobs_active WHERE id = ANY($1::text[])"};
 
 // Reads see both tables; a job is in exactly one of them (a move is one statement).
-inline constexpr Statement kGetJob{"get_job",
-                            "SELECT " DISPATCHD_PG_JOB_COLUMNS " FROM jobs_active WHERE id = $1 "
-                            "UNION ALL SELECT " DISPATCHD_PG_JOB_COLUMNS
-                            " FROM jobs_done WHERE id = $1"};
+inline constexpr Statement kGetJob{"get_job", "SELECT " DISPATCHD_PG_JOB_COLUMNS
+                                              " FROM jobs_active WHERE id = $1 "
+                                              "UNION ALL SELECT " DISPATCHD_PG_JOB_COLUMNS
+                                              " FROM jobs_done WHERE id = $1"};
 
 // $1 ids.
 inline constexpr Statement kGetJobs{"get_jobs", "SELECT " DISPATCHD_PG_JOB_COLUMNS
-                                         " FROM jobs_active WHERE id = ANY($1::text[]) "
-                                         "UNION ALL SELECT " DISPATCHD_PG_JOB_COLUMNS
-                                         " FROM jobs_done WHERE id = ANY($1::text[])"};
+                                                " FROM jobs_active WHERE id = ANY($1::text[]) "
+                                                "UNION ALL SELECT " DISPATCHD_PG_JOB_COLUMNS
+                                                " FROM jobs_done WHERE id = ANY($1::text[])"};
 
 inline constexpr Statement kLoadActive{
-    "load_active", "SELECT " DISPATCHD_PG_JOB_COLUMNS
-                   " FROM jobs_active WHERE state IN " DISPATCHD_PG_ACTIVE_STATES " ORDER BY seq",
+    "load_active",
+    "SELECT " DISPATCHD_PG_JOB_COLUMNS
+    " FROM jobs_active WHERE state IN " DISPATCHD_PG_ACTIVE_STATES " ORDER BY seq",
     Access::kScan};
 
-inline constexpr Statement kLoadPlaced{"load_placed", "SELECT " DISPATCHD_PG_JOB_COLUMNS_NO_PAYLOAD
-                                               " FROM jobs_active WHERE state IN ('DISPATCHED', "
-                                               "'RUNNING') ORDER BY seq", Access::kScan};
+inline constexpr Statement kLoadPlaced{"load_placed",
+                                       "SELECT " DISPATCHD_PG_JOB_COLUMNS_NO_PAYLOAD
+                                       " FROM jobs_active WHERE state IN ('DISPATCHED', "
+                                       "'RUNNING') ORDER BY seq",
+                                       Access::kScan};
 
 // $1 rows per queue. Each queue's QUEUED count, then its first rows: job columns, then the count
 // (kColSeq + 1). A queue is found with an index-only scan of jobs_queued_by_queue (migration 4);
@@ -208,11 +212,12 @@ SELECT j.*, q.n FROM q CROSS JOIN LATERAL (
   WHERE state = 'QUEUED' AND type = q.type AND fairness_key = q.fairness_key
   ORDER BY seq LIMIT $1::int8
 ) j
-ORDER BY j.seq)sql", Access::kScan};
+ORDER BY j.seq)sql",
+                                            Access::kScan};
 
 // $1 type, $2 fairness key, $3 after seq, $4 limit.
-inline constexpr Statement kLoadQueuedPage{"load_queued_page",
-                                    "SELECT " DISPATCHD_PG_JOB_COLUMNS_NO_PAYLOAD R"sql( FROM jobs_active
+inline constexpr Statement kLoadQueuedPage{
+    "load_queued_page", "SELECT " DISPATCHD_PG_JOB_COLUMNS_NO_PAYLOAD R"sql( FROM jobs_active
 WHERE state = 'QUEUED' AND type = $1 AND fairness_key = $2 AND seq > $3::int8
 ORDER BY seq LIMIT $4::int8)sql"};
 
@@ -228,7 +233,8 @@ SELECT j.type, j.fairness_key, count(*),
 FROM jobs_active j LEFT JOIN unnest($1::text[], $2::text[], $3::int8[]) AS b(type, fairness_key, bound)
   ON j.type = b.type AND j.fairness_key = b.fairness_key
 WHERE j.state = 'QUEUED'
-GROUP BY j.type, j.fairness_key)sql", Access::kScan};
+GROUP BY j.type, j.fairness_key)sql",
+                                        Access::kScan};
 
 // $1 id, $2 attempt, $3 epoch.
 inline constexpr Statement kReturnToQueue{"return_to_queue", "WITH " DISPATCHD_PG_FENCE(3) R"sql(
@@ -242,8 +248,9 @@ inline constexpr Statement kRetry{"retry", "WITH " DISPATCHD_PG_FENCE(5) R"sql(
 UPDATE jobs_active SET state = 'QUEUED', attempt = $2::int4, worker_id = '',
                 not_before = timestamptz 'epoch' + $3::int8 * interval '1 microsecond',
                 error = $4, updated_at = now()
-WHERE id = $1 AND )sql" DISPATCHD_PG_STATE_IS("", "'RUNNING' THEN attempt = $2::int4 WHEN "
-                                                  "'DISPATCHED' THEN attempt = $2::int4 - 1") R"sql(
+WHERE id = $1 AND )sql" DISPATCHD_PG_STATE_IS("",
+                                              "'RUNNING' THEN attempt = $2::int4 WHEN "
+                                              "'DISPATCHED' THEN attempt = $2::int4 - 1") R"sql(
   AND EXISTS (SELECT 1 FROM fence))sql"};
 
 // Terminal transitions move the row from jobs_active to jobs_done (migration 5) in one
@@ -266,9 +273,10 @@ WHERE id = $1 AND )sql" DISPATCHD_PG_STATE_IS("", "'RUNNING' THEN attempt = $2::
 // $1 id, $2 attempt, $3 terminal state, $4 result (binary), $5 error, $6 epoch.
 inline constexpr Statement kFinish{"finish", "WITH " DISPATCHD_PG_FENCE(6) R"sql(, moved AS (
   DELETE FROM jobs_active
-  WHERE id = $1 AND )sql" DISPATCHD_PG_STATE_IS("", "'RUNNING' THEN attempt = $2::int4 WHEN "
-                                                    "'DISPATCHED' THEN attempt = $2::int4 - 1")
-                                                    R"sql(
+  WHERE id = $1 AND )sql" DISPATCHD_PG_STATE_IS("",
+                                                "'RUNNING' THEN attempt = $2::int4 WHEN "
+                                                "'DISPATCHED' THEN attempt = $2::int4 - 1")
+                                                 R"sql(
     AND EXISTS (SELECT 1 FROM fence)
   RETURNING *
 )
@@ -320,7 +328,7 @@ WHERE id = $1 AND )sql" DISPATCHD_PG_STATE_IS("", "'DISPATCHED' THEN attempt = $
   " RETURNING id)"
 // RUNNING marks (kMarkRunning for each): ids $a, attempts $b, worker ids $c. `marked` holds the
 // ids marked.
-#define DISPATCHD_PG_MARKS(a, b, c)                                                           \
+#define DISPATCHD_PG_MARKS(a, b, c) \
   "m_req AS (SELECT * FROM unnest($" #a "::text[], $" #b "::int4[], $" #c "::text[]) "        \
   "AS r(id, attempt, worker_id)), "                                                           \
   "marked AS (UPDATE jobs_active j SET state = 'RUNNING', attempt = r.attempt, "              \
@@ -336,7 +344,7 @@ WHERE id = $1 AND )sql" DISPATCHD_PG_STATE_IS("", "'DISPATCHED' THEN attempt = $
 // hold; a row whose state or attempt moved on does not match. A row this statement has locked
 // cannot move, so the update finds it by its tuple id. `claimed` holds the ids claimed and their
 // payloads.
-#define DISPATCHD_PG_CLAIMS(a, b, c)                                                          \
+#define DISPATCHD_PG_CLAIMS(a, b, c) \
   "c_req AS (SELECT * FROM unnest($" #a "::text[], $" #b "::int4[], $" #c "::text[]) "        \
   "AS r(id, attempt, worker_id)), "                                                           \
   "c_hit AS (SELECT j.tid, r.worker_id FROM c_req r CROSS JOIN LATERAL ("                     \
@@ -353,14 +361,13 @@ inline constexpr Statement kFinishMany{"finish_many",
                                            1, 2, 3, 4, 5, 6) " SELECT id FROM done"};
 
 // $1..$3 the marks, $4 epoch. Returns the ids marked.
-inline constexpr Statement kMarkRunningMany{"mark_running_many", "WITH " DISPATCHD_PG_FENCE(4) ", "
-                                                          DISPATCHD_PG_MARKS(1, 2, 3)
-                                                          " SELECT id FROM marked"};
+inline constexpr Statement kMarkRunningMany{
+    "mark_running_many",
+    "WITH " DISPATCHD_PG_FENCE(4) ", " DISPATCHD_PG_MARKS(1, 2, 3) " SELECT id FROM marked"};
 
 // $1..$3 the claims, $4 epoch. Returns the ids claimed and their payloads.
-inline constexpr Statement kClaim{"claim", "WITH " DISPATCHD_PG_FENCE(4) ", "
-                                           DISPATCHD_PG_CLAIMS(1, 2, 3)
-                                           " SELECT id, payload FROM claimed"};
+inline constexpr Statement kClaim{"claim", "WITH " DISPATCHD_PG_FENCE(4) ", " DISPATCHD_PG_CLAIMS(
+                                               1, 2, 3) " SELECT id, payload FROM claimed"};
 
 // A whole turn in one statement, so one round trip and one commit (the rows of the three kinds
 // are disjoint, which data-modifying CTEs of one statement need): $1..$6 the finishes, $7..$9
@@ -407,7 +414,8 @@ inline constexpr Statement kCountByTypeAndState{
     "count_by_type_and_state",
     "SELECT type, state, sum(n)::int8 FROM (SELECT type, state, count(*) AS n FROM jobs_active "
     "GROUP BY type, state UNION ALL SELECT type, state, count(*) FROM jobs_done GROUP BY type, "
-    "state) c GROUP BY type, state ORDER BY type, state", Access::kScan};
+    "state) c GROUP BY type, state ORDER BY type, state",
+    Access::kScan};
 
 inline constexpr Statement kCountActive{
     "count_active", "SELECT count(*) FROM jobs_active WHERE state IN " DISPATCHD_PG_ACTIVE_STATES,
@@ -430,7 +438,8 @@ inline constexpr Statement kGetRefs{
 inline constexpr Statement kLoadPlacedRefs{
     "load_placed_refs",
     "SELECT id, state, attempt, worker_id, (extract(epoch FROM updated_at) * 1000000)::int8 "
-    "FROM jobs_active WHERE state IN ('DISPATCHED', 'RUNNING')", Access::kScan};
+    "FROM jobs_active WHERE state IN ('DISPATCHED', 'RUNNING')",
+    Access::kScan};
 
 // $1 job id: tells the leader (LISTEN dispatchd_jobs, pg_leader_lease.h) to look at the row.
 inline constexpr Statement kNotifyChanged{"notify_changed",

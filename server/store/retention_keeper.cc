@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/status/statusor.h"
+
 #include "server/util/log.h"
 
 namespace dispatchd::store {
@@ -29,8 +30,7 @@ void RetentionKeeper::Run() {
   const absl::Duration span = PgJobStore::DonePartitionSpan(store_.retention());
   const absl::Duration period = Period(span);
   server::Log("store")->info("keeping ended jobs for {} in partitions of {}",
-                             absl::FormatDuration(store_.retention()),
-                             absl::FormatDuration(span));
+                             absl::FormatDuration(store_.retention()), absl::FormatDuration(span));
   while (true) {
     {
       absl::MutexLock l(&mu_);

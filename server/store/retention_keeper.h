@@ -5,6 +5,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+
 #include "server/store/pg_job_store.h"
 
 namespace dispatchd::store {

@@ -24,6 +24,7 @@
 #include "pqxx/connection"
 #include "pqxx/nontransaction"
 #include "pqxx/result"
+
 #include "client/cpp/dispatch_client.h"
 #include "tests/e2e/harness.h"
 #include "tests/testing/pg_test_db.h"
@@ -551,8 +552,8 @@ TEST_F(AdmissionTest, ConcurrentSubmitsShareCommitsAndEachIsDurableWhenAcknowled
 TEST_F(AdmissionTest, StatusSaysWhyAQueuedJobWaitsAndWhereItStands) {
   auto d = StartDaemon("  - name: echo\n  - name: gpu\n");
   ASSERT_NE(d, nullptr);
-  auto w = StartWorker(*d, {.id = "w1", .types = {"echo"}, .slots = 1,
-                            .mode = {"--simulate", "100%:60s"}});
+  auto w = StartWorker(
+      *d, {.id = "w1", .types = {"echo"}, .slots = 1, .mode = {"--simulate", "100%:60s"}});
   ASSERT_NE(w, nullptr);
   ASSERT_TRUE(d->WaitForWorkers(1));
 

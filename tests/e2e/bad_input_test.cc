@@ -6,10 +6,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
-#include "dispatchd/v1/worker_service.grpc.pb.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+
+#include "dispatchd/v1/worker_service.grpc.pb.h"
 #include "tests/e2e/harness.h"
 #include "tests/testing/pg_test_db.h"
 
@@ -29,7 +30,8 @@ class BadInputTest : public ::testing::Test {
         Daemon::Start({.postgres_url = db_->url(), .max_payload_bytes = 1024}, *dir_);
     ASSERT_TRUE(d.ok()) << d.status();
     daemon_ = d->release();
-    absl::StatusOr<std::unique_ptr<Worker>> w = Worker::Start(daemon_->address(), {.id = "w"}, *dir_);
+    absl::StatusOr<std::unique_ptr<Worker>> w =
+        Worker::Start(daemon_->address(), {.id = "w"}, *dir_);
     ASSERT_TRUE(w.ok()) << w.status();
     worker_ = w->release();
     ASSERT_TRUE(daemon_->WaitForWorkers(1));
@@ -115,8 +117,8 @@ TEST_F(BadInputTest, BadLabelIsNamed) {
 }
 
 TEST_F(BadInputTest, CtlRejectsBadDurationFlagBeforeCallingTheDaemon) {
-  CommandResult r = daemon_->Ctl({"submit", "--type", "echo", "--payload", "x",
-                                  "--job-timeout", "ten"});
+  CommandResult r =
+      daemon_->Ctl({"submit", "--type", "echo", "--payload", "x", "--job-timeout", "ten"});
   EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
   EXPECT_THAT(r.err, HasSubstr("--job-timeout"));
 }
@@ -153,16 +155,18 @@ grpc::Status RawCall(const std::string& address, const std::string& method,
 // A body that is not protobuf, or a string field that is not UTF-8, reaches the daemon's handler
 // and is named: never UNIMPLEMENTED, for unary, server-streaming and bidi methods alike.
 TEST_F(BadInputTest, MalformedBodiesAndInvalidUtf8AreInvalidArgumentNamingTheProblem) {
-  for (const std::string& garbage :
-       {std::string("\xff\xff\xff\xff"), std::string("\x0a\x05" "ab"), std::string(64, '\x07')}) {
+  for (const std::string& garbage : {std::string("\xff\xff\xff\xff"),
+                                     std::string("\x0a\x05"
+                                                 "ab"),
+                                     std::string(64, '\x07')}) {
     for (const char* method :
          {"/dispatchd.v1.JobService/Submit", "/dispatchd.v1.JobService/SubmitBatch",
           "/dispatchd.v1.JobService/RunSync", "/dispatchd.v1.JobService/Status",
           "/dispatchd.v1.JobService/Cancel", "/dispatchd.v1.AdminService/Stats",
           "/dispatchd.v1.AdminService/Reload"}) {
       grpc::Status s = RawCall(daemon_->address(), method, garbage);
-      EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << method << " "
-                                                                     << s.error_message();
+      EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+          << method << " " << s.error_message();
       EXPECT_THAT(s.error_message(), HasSubstr("malformed protobuf")) << method;
     }
   }
@@ -205,8 +209,8 @@ TEST_F(BadInputTest, MalformedBodiesAndInvalidUtf8AreInvalidArgumentNamingThePro
 }
 
 TEST_F(BadInputTest, WorkerWithoutTypesIsRefusedByName) {
-  CommandResult r = RunCommand({WorkerBin(), "--server", daemon_->address(), "--types", ""},
-                               absl::Seconds(20));
+  CommandResult r =
+      RunCommand({WorkerBin(), "--server", daemon_->address(), "--types", ""}, absl::Seconds(20));
   EXPECT_NE(r.exit_code, 0);
   EXPECT_THAT(r.out + r.err, HasSubstr("types"));
 }
@@ -247,8 +251,8 @@ TEST_F(StartupErrorTest, BrokenYamlNamesThePosition) {
 }
 
 TEST_F(StartupErrorTest, InvalidValueNamesTheKey) {
-  CommandResult r = StartWithConfig(
-      "types:\n  - name: echo\n  - name: embed\n    max_concurrency: 0\n");
+  CommandResult r =
+      StartWithConfig("types:\n  - name: echo\n  - name: embed\n    max_concurrency: 0\n");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.err, HasSubstr("types[1].max_concurrency: must be >= 1, got 0"));
 }

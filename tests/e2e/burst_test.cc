@@ -11,8 +11,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "client/cpp/dispatch_client.h"
 #include "gtest/gtest.h"
+
+#include "client/cpp/dispatch_client.h"
 #include "tests/e2e/harness.h"
 #include "tests/testing/pg_test_db.h"
 

@@ -1,8 +1,6 @@
 // The walking skeleton end to end: dispatchctl -> dispatchd -> PostgreSQL -> dispatch-worker and
 // back, with real processes on 127.0.0.1 and a database of the test's own.
 
-#include <signal.h>
-
 #include <map>
 #include <set>
 #include <string>
@@ -13,6 +11,8 @@
 #include "absl/strings/strip.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include <signal.h>
+
 #include "tests/e2e/harness.h"
 #include "tests/testing/pg_test_db.h"
 
@@ -130,11 +130,11 @@ TEST_F(DispatchTest, WorkerBackpressureRefusesExtraJobsAndNoneIsLostOrRunTwice) 
   auto d = StartDaemon();
   ASSERT_NE(d, nullptr);
   // Advertises 4 slots but its backpressure allows 1: it must answer RESOURCE_EXHAUSTED.
-  auto liar = StartWorker(*d, {.id = "a-liar", .slots = 4, .max_concurrent = 1,
-                               .mode = {"--simulate", "100%:300ms"}});
+  auto liar = StartWorker(
+      *d, {.id = "a-liar", .slots = 4, .max_concurrent = 1, .mode = {"--simulate", "100%:300ms"}});
   ASSERT_TRUE(d->WaitForWorkers(1));
-  auto honest = StartWorker(*d, {.id = "b-honest", .slots = 1,
-                                 .mode = {"--simulate", "100%:300ms"}});
+  auto honest =
+      StartWorker(*d, {.id = "b-honest", .slots = 1, .mode = {"--simulate", "100%:300ms"}});
   ASSERT_TRUE(d->WaitForWorkers(2));
 
   std::vector<std::string> ids;
@@ -284,8 +284,8 @@ TEST_F(DispatchTest, RetryableFailuresUseUpMaxAttemptsThenFail) {
   auto d = StartDaemon({.types = {{.name = "flaky", .max_attempts = 3}}});
   ASSERT_NE(d, nullptr);
   // Exit code 75 (EX_TEMPFAIL) is a retryable failure.
-  auto w = StartWorker(*d, {.id = "w1", .types = {"flaky"},
-                            .mode = {"--exec", "echo 'disk on fire' >&2; exit 75"}});
+  auto w = StartWorker(
+      *d, {.id = "w1", .types = {"flaky"}, .mode = {"--exec", "echo 'disk on fire' >&2; exit 75"}});
   ASSERT_TRUE(d->WaitForWorkers(1));
   absl::StatusOr<std::string> id = d->Submit(Spec("flaky", "x"));
   ASSERT_TRUE(id.ok()) << id.status();
@@ -299,8 +299,8 @@ TEST_F(DispatchTest, RetryableFailuresUseUpMaxAttemptsThenFail) {
 TEST_F(DispatchTest, NonRetryableFailureEndsAtOnce) {
   auto d = StartDaemon({.types = {{.name = "broken", .max_attempts = 5}}});
   ASSERT_NE(d, nullptr);
-  auto w = StartWorker(*d, {.id = "w1", .types = {"broken"},
-                            .mode = {"--exec", "echo 'bad input' >&2; exit 3"}});
+  auto w = StartWorker(
+      *d, {.id = "w1", .types = {"broken"}, .mode = {"--exec", "echo 'bad input' >&2; exit 3"}});
   ASSERT_TRUE(d->WaitForWorkers(1));
   CommandResult run = d->Ctl({"run", "--type", "broken", "--payload", "x"});
   EXPECT_EQ(run.exit_code, 1);  // the job FAILED
@@ -310,8 +310,8 @@ TEST_F(DispatchTest, NonRetryableFailureEndsAtOnce) {
 TEST_F(DispatchTest, ExecutionTimeoutCancelsAttemptAndCountsAsFailure) {
   auto d = StartDaemon({.types = {{.name = "slow", .max_attempts = 2, .timeout = "500ms"}}});
   ASSERT_NE(d, nullptr);
-  auto w = StartWorker(*d, {.id = "w1", .types = {"slow"}, .slots = 2,
-                            .mode = {"--simulate", "100%:20s"}});
+  auto w = StartWorker(
+      *d, {.id = "w1", .types = {"slow"}, .slots = 2, .mode = {"--simulate", "100%:20s"}});
   ASSERT_TRUE(d->WaitForWorkers(1));
   absl::StatusOr<std::string> id = d->Submit(Spec("slow", "x"));
   ASSERT_TRUE(id.ok());
@@ -364,8 +364,8 @@ TEST_F(DispatchTest, WatchStreamsStatesUntilTerminal) {
   absl::StatusOr<std::unique_ptr<Process>> watch = Process::Start(
       {DispatchctlBin(), "--server", d->address(), "watch", id}, dir_.File("watch.log"));
   ASSERT_TRUE(watch.ok());
-  ASSERT_TRUE(WaitFor([&] { return absl::StrContains((*watch)->Log(), "QUEUED"); },
-                      absl::Seconds(30)));
+  ASSERT_TRUE(
+      WaitFor([&] { return absl::StrContains((*watch)->Log(), "QUEUED"); }, absl::Seconds(30)));
   auto w = StartWorker(*d, {.id = "w1"});
   absl::StatusOr<int> rc = (*watch)->Wait(absl::Seconds(60));
   ASSERT_TRUE(rc.ok()) << (*watch)->Log();

@@ -6,6 +6,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+
 #include "tests/e2e/harness.h"
 
 namespace dispatchd::e2e {

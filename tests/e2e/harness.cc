@@ -220,14 +220,15 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
       "heartbeat_interval: ", options.heartbeat_interval, "\n",
       "worker_stale_after: ", options.worker_stale_after, "\n",
       "orphan_grace: ", options.orphan_grace, "\n", "metrics:\n", "  listen: 127.0.0.1:0\n",
-      "postgres:\n", "  url: \"",
-      options.postgres_url, "\"\n", "  connect_wait: 2s\n", "types:\n");
+      "postgres:\n", "  url: \"", options.postgres_url, "\"\n", "  connect_wait: 2s\n", "types:\n");
   for (const TypeSpec& t : options.types) {
     absl::StrAppend(&yaml, "  - name: ", t.name, "\n");
-    if (t.max_concurrency > 0) absl::StrAppend(&yaml, "    max_concurrency: ", t.max_concurrency, "\n");
+    if (t.max_concurrency > 0)
+      absl::StrAppend(&yaml, "    max_concurrency: ", t.max_concurrency, "\n");
     if (t.max_attempts > 0) absl::StrAppend(&yaml, "    max_attempts: ", t.max_attempts, "\n");
     if (!t.timeout.empty()) absl::StrAppend(&yaml, "    timeout: ", t.timeout, "\n");
-    if (!t.retry_backoff.empty()) absl::StrAppend(&yaml, "    retry_backoff: ", t.retry_backoff, "\n");
+    if (!t.retry_backoff.empty())
+      absl::StrAppend(&yaml, "    retry_backoff: ", t.retry_backoff, "\n");
     if (!t.on_orphan.empty()) absl::StrAppend(&yaml, "    on_orphan: ", t.on_orphan, "\n");
   }
   yaml += options.extra_yaml;
@@ -278,9 +279,9 @@ absl::Status Daemon::Launch() {
                      absl::StrCat(dir_, "/dispatchd.", generation_, ".log"));
   if (!p.ok()) return p.status();
   process_ = *std::move(p);
-  bool ready = WaitFor(
-      [this] { return std::filesystem::exists(ready_path_) || !process_->Running(); },
-      absl::Seconds(90));
+  bool ready =
+      WaitFor([this] { return std::filesystem::exists(ready_path_) || !process_->Running(); },
+              absl::Seconds(90));
   if (!ready || !std::filesystem::exists(ready_path_)) {
     return absl::UnavailableError(
         absl::StrCat("dispatchd did not become ready; log:\n", process_->Log()));
@@ -298,8 +299,8 @@ Daemon::~Daemon() {
   // A daemon killed with -9 leaves its embedded PostgreSQL running: stop it.
   std::string data = dir_ + "/state/pg/data";
   if (std::filesystem::exists(data + "/postmaster.pid")) {
-    std::vector<std::string> cmd = {"/usr/lib/postgresql/15/bin/pg_ctl", "-D", data, "-m",
-                                    "immediate", "-w", "stop"};
+    std::vector<std::string> cmd = {
+        "/usr/lib/postgresql/15/bin/pg_ctl", "-D", data, "-m", "immediate", "-w", "stop"};
     if (geteuid() == 0) cmd.insert(cmd.begin(), {"/usr/sbin/runuser", "-u", "postgres", "--"});
     RunCommand(cmd, absl::Seconds(30));
   }
@@ -423,10 +424,17 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const std::string& daemon_
                                                       const TempDir& dir) {
   auto w = std::unique_ptr<Worker>(new Worker());
   w->journal_ = dir.File(absl::StrCat("worker-", options.id, ".journal"));
-  std::vector<std::string> argv = {WorkerBin(),  "--server",  daemon_address,
-                                   "--id",       options.id,  "--types",
-                                   absl::StrJoin(options.types, ","), "--slots",
-                                   absl::StrCat(options.slots), "--journal", w->journal_};
+  std::vector<std::string> argv = {WorkerBin(),
+                                   "--server",
+                                   daemon_address,
+                                   "--id",
+                                   options.id,
+                                   "--types",
+                                   absl::StrJoin(options.types, ","),
+                                   "--slots",
+                                   absl::StrCat(options.slots),
+                                   "--journal",
+                                   w->journal_};
   if (options.max_concurrent > 0) {
     argv.push_back("--max-concurrent");
     argv.push_back(absl::StrCat(options.max_concurrent));

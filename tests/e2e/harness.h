@@ -4,8 +4,6 @@
 // each test with its own database (tests/testing/pg_test_db.h) and temporary directory. Every
 // wait has a deadline; nothing here asserts on wall-clock timings.
 
-#include <sys/types.h>
-
 #include <functional>
 #include <map>
 #include <memory>
@@ -14,6 +12,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include <sys/types.h>
+
 #include "dispatchd/v1/admin_service.grpc.pb.h"
 #include "dispatchd/v1/job_service.grpc.pb.h"
 
@@ -104,7 +104,7 @@ struct TypeSpec {
   int max_attempts = 0;     // 0: unset
   std::string timeout;      // empty: unset
   std::string retry_backoff = "100ms";
-  std::string on_orphan;    // empty: unset
+  std::string on_orphan;  // empty: unset
 };
 
 struct DaemonOptions {
@@ -178,7 +178,7 @@ struct WorkerOptions {
   std::string id;
   std::vector<std::string> types = {"echo"};
   int slots = 1;
-  int max_concurrent = 0;  // 0: unset (= slots)
+  int max_concurrent = 0;                      // 0: unset (= slots)
   std::vector<std::string> mode = {"--echo"};  // e.g. {"--simulate", "100%:2s"}
 };
 

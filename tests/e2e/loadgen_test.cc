@@ -2,8 +2,6 @@
 // every job it queued, every job exists in the database and ran once, refused calls are resent
 // after the daemon's hint, and an unexpected error fails the run. Counts only, never timings.
 
-#include <signal.h>
-
 #include <map>
 #include <memory>
 #include <set>
@@ -20,6 +18,8 @@
 #include "pqxx/connection"
 #include "pqxx/nontransaction"
 #include "pqxx/result"
+#include <signal.h>
+
 #include "tests/e2e/harness.h"
 #include "tests/testing/pg_test_db.h"
 

@@ -7,6 +7,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+
 #include "tests/e2e/harness.h"
 #include "tests/testing/pg_test_db.h"
 
@@ -33,8 +34,8 @@ TEST(MemoryThrottleTest, WorkerOverThresholdGetsNoJobsUntilBelowResume) {
 
   const std::string memory = dir.File("memory");
   ReportRamPercent(memory, 95);
-  absl::StatusOr<std::unique_ptr<Worker>> worker = Worker::Start(
-      d.address(), {.id = "w", .mode = {"--echo", "--memory-file", memory}}, dir);
+  absl::StatusOr<std::unique_ptr<Worker>> worker =
+      Worker::Start(d.address(), {.id = "w", .mode = {"--echo", "--memory-file", memory}}, dir);
   ASSERT_TRUE(worker.ok()) << worker.status();
   ASSERT_TRUE(d.WaitForWorkers(1));
 

@@ -34,8 +34,9 @@ TEST(OverflowHookTest, RunsWithTheBacklogWhileJobsWaitForCapacityAtMostOncePerIn
   DaemonOptions options;
   options.postgres_url = db->url();
   options.types = {{.name = "echo"}, {.name = "embed"}};
-  options.extra_yaml = "overflow_hook:\n  command: 'echo \"$DISPATCHD_BACKLOG_TOTAL $DISPATCHD_BACKLOG\" >> " +
-                       calls + "'\n  interval: 1s\n";
+  options.extra_yaml =
+      "overflow_hook:\n  command: 'echo \"$DISPATCHD_BACKLOG_TOTAL $DISPATCHD_BACKLOG\" >> " +
+      calls + "'\n  interval: 1s\n";
   absl::StatusOr<std::unique_ptr<Daemon>> daemon = Daemon::Start(options, dir);
   ASSERT_TRUE(daemon.ok()) << daemon.status();
   Daemon& d = **daemon;

@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "pqxx/connection"
 #include "pqxx/nontransaction"
+
 #include "tests/e2e/harness.h"
 #include "tests/testing/pg_test_db.h"
 
@@ -65,7 +66,6 @@ class PagingTest : public ::testing::Test {
     for (const v1::SubmitResponse& r : resp.results()) ids.push_back(r.job_id());
     return ids;
   }
-
 
   // Every job in `ids` ends SUCCEEDED with its own payload as result, and worker `w1` started
   // each once (its journal is read once they have ended).

@@ -355,9 +355,9 @@ TEST_F(RecoveryTest, BatchedAnswersAndResultsAreAppliedAndAcknowledgedTogether) 
 
   std::set<std::string> acked;
   while (acked.size() < 2) {
-    std::optional<v1::DaemonMessage> m = w.Next(
-        [](const v1::DaemonMessage& m) { return m.has_result_acks() || m.has_result_ack(); },
-        absl::Seconds(10));
+    std::optional<v1::DaemonMessage> m =
+        w.Next([](const v1::DaemonMessage& m) { return m.has_result_acks() || m.has_result_ack(); },
+               absl::Seconds(10));
     ASSERT_TRUE(m.has_value()) << "acknowledged " << acked.size() << " of 2";
     ASSERT_TRUE(m->has_result_acks()) << "a batching worker gets ResultAcks";
     for (const v1::ResultAck& ack : m->result_acks().acks()) acked.insert(ack.job_id());

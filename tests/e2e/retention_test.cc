@@ -10,6 +10,7 @@
 #include "gtest/gtest.h"
 #include "pqxx/connection"
 #include "pqxx/nontransaction"
+
 #include "tests/e2e/harness.h"
 #include "tests/testing/pg_test_db.h"
 
@@ -28,8 +29,7 @@ TEST(RetentionTest, EndedJobIsReadableForItsRetentionThenGoneWhileActiveJobsStay
                         .extra_yaml = "retention: 4s\n"};
   absl::StatusOr<std::unique_ptr<Daemon>> d = Daemon::Start(options, dir);
   ASSERT_TRUE(d.ok()) << d.status();
-  absl::StatusOr<std::unique_ptr<Worker>> w =
-      Worker::Start((*d)->address(), {.id = "w1"}, dir);
+  absl::StatusOr<std::unique_ptr<Worker>> w = Worker::Start((*d)->address(), {.id = "w1"}, dir);
   ASSERT_TRUE(w.ok()) << w.status();
 
   absl::StatusOr<std::string> done = (*d)->Submit(Spec("echo", "kept for a while"));
@@ -45,9 +45,9 @@ TEST(RetentionTest, EndedJobIsReadableForItsRetentionThenGoneWhileActiveJobsStay
   absl::StatusOr<v1::Job> now = (*d)->Status(*done);
   ASSERT_TRUE(now.ok()) << now.status();
   EXPECT_EQ(now->state(), v1::JOB_STATE_SUCCEEDED);
-  ASSERT_TRUE(WaitFor(
-      [&] { return (*d)->Status(*done).status().code() == absl::StatusCode::kNotFound; },
-      absl::Seconds(30)));
+  ASSERT_TRUE(
+      WaitFor([&] { return (*d)->Status(*done).status().code() == absl::StatusCode::kNotFound; },
+              absl::Seconds(30)));
   CommandResult ctl = (*d)->Ctl({"status", *done});
   EXPECT_NE(ctl.exit_code, 0);
   EXPECT_THAT(ctl.err, HasSubstr("not found"));

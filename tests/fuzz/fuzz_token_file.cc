@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/string_view.h"
+
 #include "lib/auth/principal.h"
 #include "lib/auth/token_file.h"
 #include "lib/util/check.h"
@@ -30,9 +31,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   DISPATCHD_CHECK(table->principals() <= table->size(), "more principals than tokens");
   absl::StatusOr<TokenTable> again = TokenTable::Parse(text, "tokens");
-  DISPATCHD_CHECK(again.ok() && again->size() == table->size() &&
-                      again->principals() == table->principals(),
-                  "the same file parsed differently");
+  DISPATCHD_CHECK(
+      again.ok() && again->size() == table->size() && again->principals() == table->principals(),
+      "the same file parsed differently");
   // Any 32 bytes of the input as a presented digest: found or not, what is found is whole.
   for (size_t at = 0; at + 32 <= size; at += 32) {
     TokenDigest digest;

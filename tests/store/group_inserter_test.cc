@@ -48,12 +48,12 @@ class Answers {
       absl::MutexLock l(&mu_);
       if (answers_.size() <= i) answers_.resize(i + 1);
     }
-    return [this, i](std::vector<job::Job> jobs,
-                     absl::StatusOr<std::vector<InsertOutcome>> outcomes) {
-      absl::MutexLock l(&mu_);
-      answers_[i] = Answer{std::move(jobs), std::move(outcomes)};
-      ++done_;
-    };
+    return
+        [this, i](std::vector<job::Job> jobs, absl::StatusOr<std::vector<InsertOutcome>> outcomes) {
+          absl::MutexLock l(&mu_);
+          answers_[i] = Answer{std::move(jobs), std::move(outcomes)};
+          ++done_;
+        };
   }
 
   // Waits up to 30 s for `n` answers; all answers so far.

@@ -85,10 +85,10 @@ class PgPlansTest : public ::testing::Test {
 
   // Adds n QUEUED jobs q<from>..q<from+n-1>, as clients' submits leave them.
   void Queue(int from, int n) {
-    Admin(absl::StrCat(
-        "INSERT INTO jobs_active (id, type, payload, state, max_attempts, timeout_ms) "
-        "SELECT 'q' || i, 'noop', ''::bytea, 'QUEUED', 3, 60000 FROM generate_series(",
-        from, ", ", from + n - 1, ") AS i"));
+    Admin(
+        absl::StrCat("INSERT INTO jobs_active (id, type, payload, state, max_attempts, timeout_ms) "
+                     "SELECT 'q' || i, 'noop', ''::bytea, 'QUEUED', 3, 60000 FROM generate_series(",
+                     from, ", ", from + n - 1, ") AS i"));
   }
 
   std::optional<TestDatabase> db_;  // declared first: destroyed after everything that uses it
@@ -109,16 +109,16 @@ TEST_F(PgPlansTest, EveryStatementThatFindsJobsByKeyReadsThemByKeyOnAnEmptyTable
   int checked = 0;
   for (const PreparedStatementName& s : PreparedStatementNames()) {
     if (s.scans) continue;
-    const int params = txn.exec_params("SELECT cardinality(parameter_types) FROM "
-                                       "pg_prepared_statements WHERE name = $1",
-                                       s.name)[0][0]
+    const int params = txn.exec_params(
+                              "SELECT cardinality(parameter_types) FROM "
+                              "pg_prepared_statements WHERE name = $1",
+                              s.name)[0][0]
                            .as<int>();
     std::vector<std::string> nulls(params, "NULL");
-    const std::string plan =
-        txn.exec(absl::StrCat("EXPLAIN (FORMAT JSON) EXECUTE ", s.name,
-                              params > 0 ? absl::StrCat("(", absl::StrJoin(nulls, ", "), ")")
-                                         : ""))[0][0]
-            .c_str();
+    const std::string plan = txn.exec(absl::StrCat(
+        "EXPLAIN (FORMAT JSON) EXECUTE ", s.name,
+        params > 0 ? absl::StrCat("(", absl::StrJoin(nulls, ", "), ")") : ""))[0][0]
+                                 .c_str();
     EXPECT_THAT(KeylessAccess(*admin_, plan), IsEmpty()) << s.name << "'s plan:\n" << plan;
     ++checked;
   }
@@ -172,9 +172,10 @@ TEST_F(PgPlansTest, ATurnReadsTheSameBuffersPerJobWhateverTheQueueHolds) {
   auto buffers_per_job = [&](const std::string& plan) {
     pqxx::nontransaction txn(*admin_);
     const int64_t buffers =
-        txn.exec_params("SELECT (p->>'Shared Hit Blocks')::int8 + (p->>'Shared Read Blocks')::int8 "
-                        "FROM (SELECT $1::jsonb->0->'Plan' AS p) x",
-                        plan)[0][0]
+        txn.exec_params(
+               "SELECT (p->>'Shared Hit Blocks')::int8 + (p->>'Shared Read Blocks')::int8 "
+               "FROM (SELECT $1::jsonb->0->'Plan' AS p) x",
+               plan)[0][0]
             .as<int64_t>();
     return static_cast<double>(buffers) / (3 * kBatch);
   };

@@ -2,6 +2,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+
 #include "lib/util/clock.h"
 
 namespace dispatchd::testing {

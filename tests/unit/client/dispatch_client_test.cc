@@ -7,13 +7,13 @@
 #include <string>
 #include <vector>
 
-#include <grpcpp/grpcpp.h>
-
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include <grpcpp/grpcpp.h>
+
 #include "tests/testing/status_matchers.h"
 #include "tests/unit/client/subprocess.h"
 
@@ -66,7 +66,8 @@ class FakeJobService final : public v1::JobService::Service {
     if (request->job_id() == "slow") {
       // Holds the call until the client's deadline cancels it (bounded).
       absl::Time give_up = absl::Now() + absl::Seconds(5);
-      while (!context->IsCancelled() && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(2));
+      while (!context->IsCancelled() && absl::Now() < give_up)
+        absl::SleepFor(absl::Milliseconds(2));
       return grpc::Status::CANCELLED;
     }
     if (request->job_id() != "j1") return {grpc::StatusCode::NOT_FOUND, "no job j1"};
@@ -74,7 +75,8 @@ class FakeJobService final : public v1::JobService::Service {
     response->mutable_job()->set_state(v1::JOB_STATE_RUNNING);
     return grpc::Status::OK;
   }
-  grpc::Status Cancel(grpc::ServerContext*, const v1::CancelRequest*, v1::CancelResponse*) override {
+  grpc::Status Cancel(grpc::ServerContext*, const v1::CancelRequest*,
+                      v1::CancelResponse*) override {
     return {grpc::StatusCode::FAILED_PRECONDITION, "job already ended"};
   }
   grpc::Status Watch(grpc::ServerContext*, const v1::WatchRequest* request,
@@ -111,8 +113,7 @@ class ClientTest : public ::testing::Test {
     ASSERT_NE(server_, nullptr);
     address_ = "127.0.0.1:" + std::to_string(port);
     absl::StatusOr<std::unique_ptr<Client>> client =
-        Client::Connect(address_,
-                        {.default_deadline = absl::Milliseconds(500)});
+        Client::Connect(address_, {.default_deadline = absl::Milliseconds(500)});
     ASSERT_THAT(client, IsOk());
     client_ = *std::move(client);
   }
@@ -169,11 +170,12 @@ TEST_F(ClientTest, EveryCallHasADeadline) {
 
 TEST_F(ClientTest, WatchDeliversEveryEventThenEnds) {
   std::vector<v1::JobState> states;
-  EXPECT_THAT(client_->Watch("j1", [&](const v1::Job& job) { states.push_back(job.state()); },
-                             absl::Seconds(5)),
-              IsOk());
-  EXPECT_THAT(states, ElementsAre(v1::JOB_STATE_QUEUED, v1::JOB_STATE_RUNNING,
-                                  v1::JOB_STATE_SUCCEEDED));
+  EXPECT_THAT(
+      client_->Watch(
+          "j1", [&](const v1::Job& job) { states.push_back(job.state()); }, absl::Seconds(5)),
+      IsOk());
+  EXPECT_THAT(states,
+              ElementsAre(v1::JOB_STATE_QUEUED, v1::JOB_STATE_RUNNING, v1::JOB_STATE_SUCCEEDED));
 }
 
 TEST_F(ClientTest, AdminCallsWork) {
@@ -186,8 +188,8 @@ TEST_F(ClientTest, AdminCallsWork) {
 
 TEST_F(ClientTest, ListOfDaemonsFallsThroughToOneThatAnswers) {
   // Port 1 on loopback has nothing listening: calls go to the next daemon in the list.
-  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(
-      "127.0.0.1:1," + address_, {.default_deadline = absl::Seconds(10)});
+  absl::StatusOr<std::unique_ptr<Client>> client =
+      Client::Connect("127.0.0.1:1," + address_, {.default_deadline = absl::Seconds(10)});
   ASSERT_THAT(client, IsOk());
   absl::StatusOr<v1::StatsResponse> stats = (*client)->Stats();
   ASSERT_THAT(stats, IsOk());
@@ -218,7 +220,6 @@ TEST(ClientConnectTest, UnreachableDaemonIsUnavailable) {
               job.status().code() == absl::StatusCode::kDeadlineExceeded)
       << job.status();
 }
-
 
 // dispatchctl, run as a child process against the same fakes.
 class DispatchctlTest : public ClientTest {

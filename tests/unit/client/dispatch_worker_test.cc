@@ -1,7 +1,5 @@
 // The dispatch-worker binary against the in-test fake WorkerService: modes, journal, signals.
 
-#include <signal.h>
-
 #include <cstdint>
 #include <fstream>
 #include <iterator>
@@ -10,8 +8,6 @@
 #include <string>
 #include <vector>
 
-#include <grpcpp/grpcpp.h>
-
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
@@ -19,6 +15,9 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+
 #include "tests/unit/client/fake_worker_service.h"
 #include "tests/unit/client/subprocess.h"
 
@@ -56,9 +55,13 @@ class DispatchWorkerTest : public ::testing::Test {
 
   // Starts the binary and returns its welcomed session.
   std::shared_ptr<FakeSession> Start(std::vector<std::string> extra) {
-    std::vector<std::string> argv = {DISPATCH_WORKER_BIN, "--server",
-                                     "127.0.0.1:" + std::to_string(port_), "--id", "bin-1",
-                                     "--journal", dir_ + "/journal"};
+    std::vector<std::string> argv = {DISPATCH_WORKER_BIN,
+                                     "--server",
+                                     "127.0.0.1:" + std::to_string(port_),
+                                     "--id",
+                                     "bin-1",
+                                     "--journal",
+                                     dir_ + "/journal"};
     argv.insert(argv.end(), extra.begin(), extra.end());
     worker_ = std::make_unique<Subprocess>(argv, dir_ + "/worker");
     if (!worker_->started()) return nullptr;
@@ -100,10 +103,9 @@ TEST_F(DispatchWorkerTest, ExecPipesThePayloadAndJournalsTheJob) {
 }
 
 TEST_F(DispatchWorkerTest, ExecExitCodeDecidesRetryable) {
-  std::shared_ptr<FakeSession> s = Start(
-      {"--types", "a", "--slots", "2", "--exec",
-       "cat >/dev/null; echo \"no luck $DISPATCHD_JOB_ID\" >&2; "
-       "[ \"$DISPATCHD_JOB_ID\" = j1 ] && exit 75; exit 3"});
+  std::shared_ptr<FakeSession> s = Start({"--types", "a", "--slots", "2", "--exec",
+                                          "cat >/dev/null; echo \"no luck $DISPATCHD_JOB_ID\" >&2; "
+                                          "[ \"$DISPATCHD_JOB_ID\" = j1 ] && exit 75; exit 3"});
   ASSERT_NE(s, nullptr);
   ASSERT_TRUE(s->Send(Assign({{"j1", "a"}, {"j2", "a"}})));
   std::optional<v1::WorkerMessage> r1 = s->WaitFor(IsResult("j1"));

@@ -10,11 +10,11 @@
 #include <utility>
 #include <vector>
 
-#include <grpcpp/grpcpp.h>
-
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include <grpcpp/grpcpp.h>
+
 #include "dispatchd/v1/worker_service.grpc.pb.h"
 
 namespace dispatchd::client::fake {

@@ -2,12 +2,6 @@
 
 // Starts a child process for tests, with stdout and stderr sent to files; bounded waits.
 
-#include <fcntl.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -18,6 +12,11 @@
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 extern char** environ;
 

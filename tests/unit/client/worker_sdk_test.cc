@@ -9,39 +9,39 @@
 #include <thread>
 #include <vector>
 
-#include <grpcpp/grpcpp.h>
-
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "client/cpp/worker.h"
-#include "tests/unit/client/fake_worker_service.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include <grpcpp/grpcpp.h>
+
+#include "client/cpp/worker.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/unit/client/fake_worker_service.h"
 
 namespace dispatchd::client {
 namespace {
 
+using ::dispatchd::client::fake::Ack;
+using ::dispatchd::client::fake::Acks;
+using ::dispatchd::client::fake::Assign;
+using ::dispatchd::client::fake::FakeSession;
+using ::dispatchd::client::fake::FakeWorkerService;
+using ::dispatchd::client::fake::IsAccept;
+using ::dispatchd::client::fake::IsBatch;
+using ::dispatchd::client::fake::IsDraining;
+using ::dispatchd::client::fake::IsHeartbeat;
+using ::dispatchd::client::fake::IsHello;
+using ::dispatchd::client::fake::IsReject;
+using ::dispatchd::client::fake::IsResult;
+using ::dispatchd::client::fake::kWait;
+using ::dispatchd::client::fake::Pred;
+using ::dispatchd::client::fake::Welcome;
 using ::dispatchd::testing::IsOk;
 using ::testing::ElementsAre;
 using ::testing::UnorderedElementsAre;
-using ::dispatchd::client::fake::kWait;
-using ::dispatchd::client::fake::FakeSession;
-using ::dispatchd::client::fake::FakeWorkerService;
-using ::dispatchd::client::fake::Pred;
-using ::dispatchd::client::fake::IsHello;
-using ::dispatchd::client::fake::IsHeartbeat;
-using ::dispatchd::client::fake::IsDraining;
-using ::dispatchd::client::fake::IsAccept;
-using ::dispatchd::client::fake::IsReject;
-using ::dispatchd::client::fake::IsResult;
-using ::dispatchd::client::fake::Welcome;
-using ::dispatchd::client::fake::Assign;
-using ::dispatchd::client::fake::Ack;
-using ::dispatchd::client::fake::Acks;
-using ::dispatchd::client::fake::IsBatch;
 
 // Handlers that hold their jobs until released or cancelled, and record what they saw.
 class Gate {

@@ -1,4 +1,6 @@
 // server::Log creates a component's logger on first use, from whichever thread asks first.
+#include "server/util/log.h"
+
 #include <atomic>
 #include <string>
 #include <thread>
@@ -6,7 +8,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "server/util/log.h"
 
 namespace dispatchd::server {
 namespace {

@@ -5,6 +5,7 @@
 #include "lib/job/attempt.h"
 
 #include "gtest/gtest.h"
+
 #include "tests/testing/fake_clock.h"
 
 namespace dispatchd::job {

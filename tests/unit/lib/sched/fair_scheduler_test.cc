@@ -15,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+
 #include "lib/sched/scheduler.h"
 
 namespace dispatchd::sched {
@@ -109,10 +110,10 @@ std::vector<std::string> Replay(const std::vector<SimType>& types, int slots,
       running.push_back({d.job_id, t + j.duration});
       int p = priority_of[j.type];
       ++running_by_priority[p];
-      log.push_back(absl::StrFormat(
-          " T=%3d: ADMIT %s (pri=%d, VT[%s]=%d, pri_running=%d, total=%d)", t, j.Repr(), p,
-          j.key.empty() ? "bg" : j.key, static_cast<int>(d.key_cost),
-          running_by_priority[p], running.size()));
+      log.push_back(
+          absl::StrFormat(" T=%3d: ADMIT %s (pri=%d, VT[%s]=%d, pri_running=%d, total=%d)", t,
+                          j.Repr(), p, j.key.empty() ? "bg" : j.key, static_cast<int>(d.key_cost),
+                          running_by_priority[p], running.size()));
     }
   }
   return log;
@@ -215,7 +216,9 @@ TEST(FairQueuingTest, SmallClientOvertakesABigBacklog) {
   Scheduler s(OneType(), kT0);
   s.AddWorker({.id = "w", .types = {"gen"}, .slots = 1});
   for (int i = 0; i < 1000; ++i) {
-    s.Enqueue({.id = absl::StrCat("a", i), .type = "gen", .fairness_key = "A",
+    s.Enqueue({.id = absl::StrCat("a", i),
+               .type = "gen",
+               .fairness_key = "A",
                .arrival = kT0 + absl::Microseconds(i)});
   }
   absl::Time now = kT0;
@@ -238,7 +241,9 @@ TEST(FairQueuingTest, ReturningKeyStartsAtVirtualTimeWithoutBankedCredit) {
   s.Enqueue({.id = "b0", .type = "gen", .fairness_key = "B", .arrival = now});
   ASSERT_THAT(Drain(s, now, 1), ElementsAre("b0"));
   for (int i = 0; i < 200; ++i) {
-    s.Enqueue({.id = absl::StrCat("a", i), .type = "gen", .fairness_key = "A",
+    s.Enqueue({.id = absl::StrCat("a", i),
+               .type = "gen",
+               .fairness_key = "A",
                .arrival = now + absl::Microseconds(i)});
   }
   ASSERT_THAT(Drain(s, now, 100), SizeIs(100));
@@ -261,13 +266,15 @@ TEST(FairQueuingTest, LearnedCostMakesExpensiveWorkYield) {
   s.AddWorker({.id = "w", .types = {"gen"}, .slots = 1});
   absl::Time now = kT0;
   // linux takes 60 s, git 5 s: after one observation each, the estimates move halfway.
-  s.Enqueue({.id = "l", .type = "gen", .resource_id = "linux", .fairness_key = "A", .arrival = now});
+  s.Enqueue(
+      {.id = "l", .type = "gen", .resource_id = "linux", .fairness_key = "A", .arrival = now});
   ASSERT_THAT(s.Decide(now), SizeIs(1));
   s.Finished("l", now + absl::Seconds(60), absl::Seconds(60));
   s.Enqueue({.id = "g", .type = "gen", .resource_id = "git", .fairness_key = "B", .arrival = now});
   ASSERT_THAT(s.Decide(now), SizeIs(1));
   s.Finished("g", now + absl::Seconds(5), absl::Seconds(5));
-  s.Enqueue({.id = "l2", .type = "gen", .resource_id = "linux", .fairness_key = "A", .arrival = now});
+  s.Enqueue(
+      {.id = "l2", .type = "gen", .resource_id = "linux", .fairness_key = "A", .arrival = now});
   s.Enqueue({.id = "g2", .type = "gen", .resource_id = "git", .fairness_key = "B", .arrival = now});
   // Each job is charged its estimate when it is dispatched.
   std::vector<Dispatch> d = s.Decide(now, 2);
@@ -315,7 +322,8 @@ TEST(TierTest, TierValueCapsItAndHigherTiersGoFirst) {
     s.Enqueue({.id = absl::StrCat("b", i), .type = "batch", .arrival = kT0});
   }
   for (int i = 0; i < 6; ++i) {
-    s.Enqueue({.id = absl::StrCat("i", i), .type = "interactive", .arrival = kT0 + absl::Seconds(1)});
+    s.Enqueue(
+        {.id = absl::StrCat("i", i), .type = "interactive", .arrival = kT0 + absl::Seconds(1)});
   }
   std::vector<Dispatch> d = s.Decide(kT0 + absl::Seconds(1));
   ASSERT_THAT(d, SizeIs(6));  // 4 fg + 2 bg

@@ -4,6 +4,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+
 #include "lib/sched/scheduler.h"
 
 namespace dispatchd::sched {
@@ -32,10 +33,10 @@ TEST(MemoryThrottleTest, RamThrottlesAtThresholdAndResumesOnlyBelowResume) {
   EXPECT_FALSE(NextThrottleState(false, Ram(89), kLimits, nullptr));
   EXPECT_TRUE(NextThrottleState(false, Ram(90), kLimits, &why));
   EXPECT_THAT(why, HasSubstr("RAM at 90.0% (throttle 90%, resume 80%)"));
-  EXPECT_TRUE(NextThrottleState(true, Ram(85), kLimits, nullptr));   // between: stays
+  EXPECT_TRUE(NextThrottleState(true, Ram(85), kLimits, nullptr));  // between: stays
   EXPECT_TRUE(NextThrottleState(true, Ram(80), kLimits, nullptr));
-  EXPECT_FALSE(NextThrottleState(true, Ram(79), kLimits, nullptr));  // below resume
-  EXPECT_FALSE(NextThrottleState(false, Ram(85), kLimits, nullptr)); // between: stays off
+  EXPECT_FALSE(NextThrottleState(true, Ram(79), kLimits, nullptr));   // below resume
+  EXPECT_FALSE(NextThrottleState(false, Ram(85), kLimits, nullptr));  // between: stays off
 }
 
 TEST(MemoryThrottleTest, AnyGpuOverItsThresholdThrottles) {

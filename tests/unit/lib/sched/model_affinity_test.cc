@@ -29,7 +29,8 @@ const absl::Time kT0 = absl::FromUnixSeconds(1'700'000'000);
 // type, budgets 2.5 GB and 5 GB.
 config::Config LlmTypes() {
   config::Config c;
-  c.types.push_back({.name = "cover_letter", .max_concurrency = 1, .model = "cover", .vram_gb = 2.5});
+  c.types.push_back(
+      {.name = "cover_letter", .max_concurrency = 1, .model = "cover", .vram_gb = 2.5});
   c.types.push_back(
       {.name = "company_research", .max_concurrency = 1, .model = "research", .vram_gb = 5});
   return c;
@@ -48,7 +49,8 @@ std::vector<std::string> Ids(const std::vector<Dispatch>& ds) {
 TEST(ModelAffinityTest, DeepestQueueWinsFirstSlot) {
   Scheduler s(LlmTypes(), kT0);
   // VRAM for one model at a time; research arrived first but cover_letter has the deeper queue.
-  s.AddWorker({.id = "gpu", .types = {"cover_letter", "company_research"}, .slots = 2, .vram_gb = 5});
+  s.AddWorker(
+      {.id = "gpu", .types = {"cover_letter", "company_research"}, .slots = 2, .vram_gb = 5});
   for (int i = 0; i < 2; ++i) s.Enqueue(Llm("r" + std::to_string(i), "company_research", i));
   for (int i = 0; i < 4; ++i) s.Enqueue(Llm("c" + std::to_string(i), "cover_letter", 10 + i));
   std::vector<Dispatch> first = s.Decide(kT0 + absl::Seconds(20));
@@ -75,7 +77,8 @@ TEST(ModelAffinityTest, FifoWithinType) {
 
 TEST(ModelAffinityTest, ConcurrentBatchesWhenVramAllows) {
   Scheduler s(LlmTypes(), kT0);
-  s.AddWorker({.id = "gpu", .types = {"cover_letter", "company_research"}, .slots = 2, .vram_gb = 7.5});
+  s.AddWorker(
+      {.id = "gpu", .types = {"cover_letter", "company_research"}, .slots = 2, .vram_gb = 7.5});
   s.Enqueue(Llm("c0", "cover_letter", 0));
   s.Enqueue(Llm("c1", "cover_letter", 1));
   s.Enqueue(Llm("r0", "company_research", 2));
@@ -86,7 +89,8 @@ TEST(ModelAffinityTest, ConcurrentBatchesWhenVramAllows) {
 
 TEST(ModelAffinityTest, JobQueuedMidBatchJoinsTheRunningBatch) {
   Scheduler s(LlmTypes(), kT0);
-  s.AddWorker({.id = "gpu", .types = {"cover_letter", "company_research"}, .slots = 1, .vram_gb = 5});
+  s.AddWorker(
+      {.id = "gpu", .types = {"cover_letter", "company_research"}, .slots = 1, .vram_gb = 5});
   s.Enqueue(Llm("c0", "cover_letter", 0));
   s.Enqueue(Llm("c1", "cover_letter", 1));
   s.Enqueue(Llm("r0", "company_research", 2));
@@ -110,7 +114,8 @@ TEST(ModelAffinityTest, JobQueuedMidBatchJoinsTheRunningBatch) {
 
 TEST(ModelAffinityTest, CrashingJobReleasesItsVram) {
   Scheduler s(LlmTypes(), kT0);
-  s.AddWorker({.id = "gpu", .types = {"cover_letter", "company_research"}, .slots = 2, .vram_gb = 5});
+  s.AddWorker(
+      {.id = "gpu", .types = {"cover_letter", "company_research"}, .slots = 2, .vram_gb = 5});
   s.Enqueue(Llm("c0", "cover_letter", 0));
   s.Enqueue(Llm("r0", "company_research", 1));
   absl::Time now = kT0 + absl::Seconds(5);
@@ -122,7 +127,8 @@ TEST(ModelAffinityTest, CrashingJobReleasesItsVram) {
   ASSERT_THAT(Ids(s.Decide(now)), ElementsAre("r0"));
   // The worker process dies: its job comes back and nothing stays reserved.
   EXPECT_THAT(s.RemoveWorker("gpu"), ElementsAre("r0"));
-  s.AddWorker({.id = "gpu", .types = {"cover_letter", "company_research"}, .slots = 2, .vram_gb = 5});
+  s.AddWorker(
+      {.id = "gpu", .types = {"cover_letter", "company_research"}, .slots = 2, .vram_gb = 5});
   EXPECT_DOUBLE_EQ(s.Workers()[0].vram_in_use_gb, 0);
   EXPECT_EQ(s.running_of_type("company_research"), 0);
 }
@@ -137,7 +143,8 @@ TEST(ModelAffinityTest, MissingBudgetWarnsAndCountsAsZero) {
   EXPECT_THAT(warnings[0], HasSubstr("0 GB"));
   // Counts as 0: it fits beside a model that fills the worker.
   Scheduler s(c, kT0);
-  s.AddWorker({.id = "gpu", .types = {"company_research", "wizard_generate"}, .slots = 2, .vram_gb = 5});
+  s.AddWorker(
+      {.id = "gpu", .types = {"company_research", "wizard_generate"}, .slots = 2, .vram_gb = 5});
   s.Enqueue(Llm("r0", "company_research", 0));
   s.Enqueue(Llm("w0", "wizard_generate", 1));
   EXPECT_THAT(Ids(s.Decide(kT0 + absl::Seconds(2))), ElementsAre("r0", "w0"));
@@ -154,7 +161,10 @@ TEST(ModelAffinityTest, ModelBiggerThanAnyWorkerIsNeverPlacedAndSaysSo) {
 TEST(ModelAffinityTest, PrefersAWorkerWithTheModelResident) {
   Scheduler s(LlmTypes(), kT0);
   s.AddWorker({.id = "a", .types = {"cover_letter"}, .slots = 1, .vram_gb = 8});
-  s.AddWorker({.id = "b", .types = {"cover_letter"}, .slots = 1, .vram_gb = 8,
+  s.AddWorker({.id = "b",
+               .types = {"cover_letter"},
+               .slots = 1,
+               .vram_gb = 8,
                .models_resident = {"cover"}});
   s.Enqueue(Llm("c0", "cover_letter", 0));
   std::vector<Dispatch> d = s.Decide(kT0);
@@ -321,8 +331,10 @@ SwapRun RunSwaps(const std::string& policy, bool with_fifth_model) {
   int n = 0;
   for (int i = 0; i < 250; ++i) {
     for (int m = 1; m <= 4; ++m) {
-      s.Enqueue({.id = "a" + std::to_string(n), .type = "llm" + std::to_string(m),
-                 .fairness_key = "A", .arrival = kT0 + absl::Microseconds(n)});
+      s.Enqueue({.id = "a" + std::to_string(n),
+                 .type = "llm" + std::to_string(m),
+                 .fairness_key = "A",
+                 .arrival = kT0 + absl::Microseconds(n)});
       ++n;
     }
   }

@@ -5,6 +5,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+
 #include "lib/sched/scheduler.h"
 #include "lib/sched/scheduler_internal.h"
 
@@ -75,7 +76,8 @@ TEST(SchedulerAuditTest, LostRunningCountIsRestoredSoTheCapHolds) {
   s.Enqueue({.id = "g2", .type = "gen", .arrival = kT0});
   ASSERT_THAT(s.Decide(kT0), SizeIs(1));  // max_concurrency 1
   SchedulerTestPeer::LoseRunningCount(s, "gen");
-  EXPECT_THAT(s.Audit(/*repair=*/true), ElementsAre(HasSubstr("type gen: running 0, jobs placed 1")));
+  EXPECT_THAT(s.Audit(/*repair=*/true),
+              ElementsAre(HasSubstr("type gen: running 0, jobs placed 1")));
   EXPECT_THAT(s.Decide(kT0), IsEmpty());  // the cap holds again
 }
 

@@ -23,9 +23,8 @@ config::Config TwoTypes(int echo_cap = config::kUnlimited) {
 }
 
 PendingJob Job(std::string id, std::string type = "echo", int seconds_after = 0) {
-  return PendingJob{.id = std::move(id),
-                    .type = std::move(type),
-                    .arrival = kNow + absl::Seconds(seconds_after)};
+  return PendingJob{
+      .id = std::move(id), .type = std::move(type), .arrival = kNow + absl::Seconds(seconds_after)};
 }
 
 std::vector<std::string> Pairs(const std::vector<Dispatch>& ds) {

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+
 #include "lib/sched/scheduler.h"
 
 namespace dispatchd::sched {
@@ -54,7 +55,7 @@ TEST(TokenBucketTest, ReconfigureKeepsTokensAndNeverGrantsAFreshBurst) {
   EXPECT_TRUE(b.TryTake(kStart));
   EXPECT_TRUE(b.TryTake(kStart));
   EXPECT_FALSE(b.TryTake(kStart));
-  EXPECT_TRUE(b.TryTake(kStart + absl::Milliseconds(100)));  // the new rate: 10/s
+  EXPECT_TRUE(b.TryTake(kStart + absl::Milliseconds(100)));     // the new rate: 10/s
   b.Reconfigure(Rpm(60, 1), kStart + absl::Milliseconds(100));  // smaller burst caps tokens
   EXPECT_LE(b.TokensAt(kStart + absl::Hours(1)), 1);
 }
