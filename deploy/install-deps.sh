@@ -32,6 +32,8 @@ PACKAGES=(
   # Fuzzing (tests/fuzz): clang, its sanitizer and libFuzzer runtimes (libclang-rt-14-dev is only
   # a recommendation of clang-14), and llvm-symbolizer for the stacks of sanitizer reports
   clang-14 libclang-rt-14-dev libfuzzer-14-dev llvm-14
+  # The rules the code is held to (tests/lint.sh): formatting, clang-tidy and its thread-safety pass
+  clang-format-14 clang-tidy-14
 )
 
 say() { echo "install-deps: $*"; }

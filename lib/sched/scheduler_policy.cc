@@ -218,7 +218,7 @@ Scheduler::Choice Scheduler::ChooseFair(WorkerState& w, absl::Time now) {
                 costs_.Estimate(j->type->name, j->resource, j->type->cfg.default_cost, now);
             const double alone =
                 static_cast<double>(n.c.depth) * each / static_cast<double>(n.holder_slots);
-            if (alone <= absl::ToDoubleSeconds(j->type->cfg.max_affinity_wait)) continue;
+            if (absl::Seconds(alone) <= j->type->cfg.max_affinity_wait) continue;
           }
           if (pick == nullptr || n.per_worker > depth || Before(*j, *pick)) {
             pick = j;

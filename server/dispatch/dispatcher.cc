@@ -309,7 +309,7 @@ void Dispatcher::SaveAccounts(bool wait) {
   const bool all = accounts_failed_.exchange(false);
   std::vector<store::AccountRow> rows = ToAccountRows(scheduler_.TakeAccounts(all));
   const absl::Duration ttl = config_.scheduler.key_ttl;
-  auto saved = [this](absl::Status s) {
+  auto saved = [this](const absl::Status& s) {
     if (!s.ok()) {
       accounts_failed_.store(true);
       server::Log("dispatch")->debug("fair-share accounts not saved: {}", s.ToString());

@@ -40,7 +40,7 @@ std::string NewJobId(absl::Time now) {
 
 std::string PeerIdentity(const std::string& peer) {
   // "ipv4:1.2.3.4:5678", "ipv6:[::1]:5678", "unix:/path".
-  if (peer.rfind("unix:", 0) == 0) return peer;
+  if (absl::StartsWith(peer, "unix:")) return peer;
   size_t colon = peer.rfind(':');
   size_t first = peer.find(':');
   if (colon == std::string::npos || colon == first) return peer;

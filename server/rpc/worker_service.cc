@@ -154,7 +154,7 @@ class WorkerStream final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc
     server::Log("grpc")->debug("worker redirected peer={} leader={}", link_->peer(),
                                leader.address);
     std::string message = r->message();
-    Send(std::move(msg));
+    Send(msg);
     Close(absl::UnavailableError(message));
   }
 
@@ -211,7 +211,7 @@ class WorkerStream final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc
 
 void StreamLink::Send(v1::DaemonMessage msg) {
   absl::MutexLock l(&mu_);
-  if (stream_ != nullptr) stream_->Send(std::move(msg));
+  if (stream_ != nullptr) stream_->Send(msg);
 }
 
 void StreamLink::Close(const absl::Status& status) {

@@ -319,7 +319,7 @@ FloodResult Flood(const std::string& address, int threads, int total, absl::Dura
         calls_mu.Lock();
         if (!calls_mu.AwaitWithTimeout(absl::Condition(&all_done), absl::Seconds(30))) {
           // Never free what a late callback would still write to.
-          for (auto& c : calls) c.release();
+          for (auto& c : calls) static_cast<void>(c.release());
         }
       }
       calls_mu.Unlock();

@@ -41,7 +41,7 @@ using ::testing::UnorderedElementsAre;
 
 TEST_F(PgJobStoreTest, InsertThenGetRoundTripsEveryField) {
   Job job = MakeJob("j_round_trip", "llm.cover_letter");
-  job.spec.payload = std::string("\x00\x01\xff binary\0tail", 16);
+  job.spec.payload = std::string("\x00\x01\xff binary\0tail", 15);
   job.spec.resource_id = "doc-7";
   job.spec.fairness_key = "alice";
   job.spec.idempotency_key = "idem-1";

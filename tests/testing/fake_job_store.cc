@@ -263,10 +263,9 @@ absl::StatusOr<std::vector<store::InsertOutcome>> FakeJobStore::InsertMany(
       row.spec.not_before = absl::FromUnixMicros(absl::ToUnixMicros(row.spec.not_before));
     }
     if (row.spec.dispatch_deadline != absl::InfiniteDuration()) {
-      row.spec.dispatch_deadline =
-          absl::Microseconds(absl::ToInt64Microseconds(row.spec.dispatch_deadline));
+      row.spec.dispatch_deadline = absl::Trunc(row.spec.dispatch_deadline, absl::Microseconds(1));
     }
-    row.spec.timeout = absl::Milliseconds(absl::ToInt64Milliseconds(row.spec.timeout));
+    row.spec.timeout = absl::Trunc(row.spec.timeout, absl::Milliseconds(1));
     outcomes[i] = store::InsertOutcome{.job_id = row.id, .deduplicated = false, .seq = row.seq};
     if (notify_leader) notified_.push_back(row.id);
     jobs_.emplace(row.id, std::move(row));
