@@ -56,7 +56,11 @@ format() {
   else
     mapfile -t files < <(git ls-files '*.cc' '*.h')
   fi
-  clang-format-14 --dry-run -Werror "${files[@]}"
+  # (Functions called as `step || rc=1` run without errexit: every failure returns by hand.)
+  clang-format-14 --dry-run -Werror "${files[@]}" || {
+    echo "lint: format: the files above differ from .clang-format; run clang-format-14 -i on them" >&2
+    return 1
+  }
   echo "lint: format: ${#files[@]} files as .clang-format has them"
 }
 
@@ -65,7 +69,7 @@ tidy() {
   local db=$BUILD_DIR/compile_commands.json
   [[ -f $db ]] || {
     echo "lint: $db not found; build first (deploy/build.sh)" >&2
-    exit 1
+    return 1
   }
   # The project's own sources, not the generated protobuf code under the build tree.
   local files=("${only[@]}")
@@ -89,6 +93,10 @@ for entry in json.load(open(db)):
     print(rel)
 EOF
   )
+  ((${#files[@]} > 0)) || {
+    echo "lint: tidy: no translation units found in $db" >&2
+    return 1
+  }
   local start=$SECONDS
   # Headers are checked where a translation unit of the project includes them.
   local filter="^$ROOT/(bench|client|lib|proto|server|tests)/"
@@ -107,7 +115,11 @@ EOF
   if [[ -n $failed ]]; then
     for f in $failed; do
       echo "--- $(basename "$f" .log.failed)"
-      grep -E 'error:|warning:' -A3 "$f" | head -60
+      if grep -qE 'error:|warning:' "$f"; then
+        grep -E 'error:|warning:' -A3 "$f" | head -60
+      else
+        tail -20 "$f"  # clang-tidy itself failed
+      fi
     done
     echo "lint: tidy: $(echo "$failed" | wc -l) files with findings" >&2
     return 1
