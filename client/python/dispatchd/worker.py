@@ -40,6 +40,9 @@ import time
 
 import grpc
 
+from dispatchd.job import Job, JobFailed
+# Gpu and MemoryReport are public names of this module (see dispatchd/__init__).
+from dispatchd.memory import Gpu, MemoryReport, fill_memory  # noqa: F401
 from dispatchd.security import Security
 from dispatchd.v1 import worker_service_pb2 as pb
 from dispatchd.v1 import worker_service_pb2_grpc as pb_grpc
@@ -52,91 +55,10 @@ DEFAULT_MAX_OUTPUT_BYTES = 4 * 1024 * 1024 - 64 * 1024
 # Results in one Batch at most (a larger result goes alone), well below the daemon's limit.
 _MAX_BATCH_BYTES = 1 << 20
 
-Gpu = collections.namedtuple("Gpu", "id memory_total_bytes")
-Gpu.__doc__ = "One GPU on the worker's host: an id (index or UUID) and its memory in bytes."
-
-MemoryReport = collections.namedtuple("MemoryReport",
-                                      "ram_used_bytes ram_total_bytes gpu_used_bytes",
-                                      defaults=((),))
-MemoryReport.__doc__ = ("Memory in use, for heartbeats: host RAM, and per GPU of `gpus` the "
-                        "bytes in use. The daemon stops sending jobs to a worker over its "
-                        "throttle thresholds.")
-
-
-class JobFailed(Exception):
-    """Raised by a handler to fail its job with `message`; `retryable` asks for another attempt
-    (the daemon requeues while attempts remain)."""
-
-    def __init__(self, message, retryable=False):
-        super().__init__(message)
-        self.message = message
-        self.retryable = retryable
-
 
 class Refused(Exception):
     """run() ends with this when the daemon refuses the worker's credentials (UNAUTHENTICATED)
     or its principal may not serve its types (PERMISSION_DENIED): trying again cannot help."""
-
-
-class Job:
-    """What a handler sees of its job, and its cancellation signal (thread-safe)."""
-
-    def __init__(self, assignment):
-        self.assignment = assignment
-        self.job_id = assignment.job_id
-        self.attempt = assignment.attempt
-        self.type = assignment.type
-        self.payload = assignment.payload
-        self.resource_id = assignment.resource_id
-        self.model = assignment.model
-        # When this attempt times out (the daemon cancels it then); None if unset.
-        self.deadline = (assignment.deadline.ToDatetime(tzinfo=datetime.timezone.utc)
-                         if assignment.HasField("deadline") else None)
-        self._cancelled = threading.Event()
-        self._reason = ""
-        self._lock = threading.Lock()
-
-    @property
-    def cancelled(self):
-        """True once the daemon cancelled the job (client cancel, timeout, not re-adopted) or the
-        worker shuts down. The handler decides what to do; whatever it returns is reported."""
-        return self._cancelled.is_set()
-
-    @property
-    def cancel_reason(self):
-        """Why it was cancelled ("" while it is not)."""
-        with self._lock:
-            return self._reason
-
-    def wait_for_cancellation(self, timeout):
-        """Blocks until cancelled or `timeout` seconds pass; returns `cancelled`."""
-        return self._cancelled.wait(timeout)
-
-    def cancel(self, reason):
-        """Cancels the job; idempotent (the first reason wins). Called by the SDK."""
-        with self._lock:
-            if self._cancelled.is_set():
-                return
-            self._reason = reason
-            self._cancelled.set()
-
-
-def _read_meminfo():
-    """Host RAM (used, total) in bytes from /proc/meminfo; zeros where it cannot be read."""
-    total = available = None
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                key, _, rest = line.partition(":")
-                if key == "MemTotal":
-                    total = int(rest.split()[0]) * 1024
-                elif key == "MemAvailable":
-                    available = int(rest.split()[0]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    if not total or available is None:
-        return 0, total or 0
-    return total - available, total
 
 
 def _held(key):
@@ -824,22 +746,7 @@ class Worker:
                 if not gone:
                     session.cancel()
                 return
-            report = None
-            if self._memory_probe is not None:
-                try:
-                    report = self._memory_probe()
-                    heartbeat.ram_used_bytes = int(report.ram_used_bytes)
-                    heartbeat.ram_total_bytes = int(report.ram_total_bytes)
-                    for gpu, used in zip(heartbeat.gpus, report.gpu_used_bytes):
-                        gpu.memory_used_bytes = int(used)
-                except Exception as e:  # noqa: BLE001  (a heartbeat must go out regardless)
-                    _log.warning("memory_probe failed worker=%s: %s: %s (reporting host RAM)",
-                                 self.worker_id, type(e).__name__, e)
-                    report = None
-                    for gpu in heartbeat.gpus:
-                        gpu.memory_used_bytes = 0
-            if report is None:
-                heartbeat.ram_used_bytes, heartbeat.ram_total_bytes = _read_meminfo()
+            fill_memory(heartbeat, self._memory_probe, self.worker_id)
             session.write(pb.WorkerMessage(heartbeat=heartbeat))
 
     # -- jobs -------------------------------------------------------------------------------
