@@ -27,14 +27,18 @@ It behaves as the C++ SDK (client/cpp/worker.h) does:
 
 Answers, results and acknowledgements that are ready together travel in one message (Batch,
 ResultAcks) when the daemon supports it.
+
+The pieces live beside this module: the stream of one connection in session.py, the handler
+pool and the results kept until acknowledged in job_runner.py, Job and JobFailed in job.py, the
+memory report in memory.py. Everything user code imports from here is still importable here.
 """
 
-# collections and pb_grpc are no longer used here; they stay imported because dispatchd.worker
-# exposed them before its pieces moved out.
+# collections, datetime, functools and pb_grpc are no longer used here; they stay imported
+# because dispatchd.worker exposed them before its pieces moved out.
 import collections  # noqa: F401
 import concurrent.futures
-import datetime
-import functools
+import datetime  # noqa: F401
+import functools  # noqa: F401
 import logging
 import random
 import threading
@@ -42,8 +46,9 @@ import time
 
 import grpc
 
-from dispatchd.job import Job, JobFailed
-# Gpu and MemoryReport are public names of this module (see dispatchd/__init__).
+# Job, JobFailed, Gpu and MemoryReport are public names of this module (see dispatchd/__init__).
+from dispatchd.job import Job, JobFailed  # noqa: F401
+from dispatchd.job_runner import JobRunner
 from dispatchd.memory import Gpu, MemoryReport, fill_memory  # noqa: F401
 from dispatchd.security import Security
 from dispatchd.session import Session
@@ -66,22 +71,12 @@ def _held(key):
     return pb.HeldJob(job_id=key[0], attempt=key[1])
 
 
-class _RunningJob:
-    __slots__ = ("key", "job", "drop_result", "unstarted")
-
-    def __init__(self, key, job):
-        self.key = key
-        self.job = job
-        # Not re-adopted after a reconnect: cancelled, and its outcome is not reported.
-        self.drop_result = False
-        # Its Accept was being sent when the stream ended: the daemon may hold it as running or
-        # not. Held (and reported in Hello) without running until the next Welcome says.
-        self.unstarted = False
-
-
-class Worker:
+class Worker(JobRunner):
     """Serves jobs to the daemon. run() blocks; drain(), shutdown() and set_models_resident()
-    are thread-safe and may be called from any thread, a handler included."""
+    are thread-safe and may be called from any thread, a handler included.
+
+    This class holds the connection side (sessions, Welcome, heartbeats, drain); the job side
+    (assignments, handlers, results until acknowledged) is JobRunner's, which shares its lock."""
 
     def __init__(self, server, *, worker_id, types, handler, slots=1, max_concurrent=0,
                  labels=None, models_resident=(), gpus=(), memory_probe=None,
@@ -156,7 +151,7 @@ class Worker:
         self._welcomed = False
         self._heartbeat_interval = default_heartbeat_interval
         self._default_heartbeat_interval = default_heartbeat_interval
-        self._running = {}  # (job id, attempt) -> _RunningJob, until its handler returns
+        self._running = {}  # (job id, attempt) -> RunningJob, until its handler returns
         self._unacked = {}  # (job id, attempt) -> WorkerMessage(result), until acknowledged
         # Handler threads, started as jobs need them and kept for the next jobs.
         self._pool = concurrent.futures.ThreadPoolExecutor(
@@ -442,119 +437,6 @@ class Worker:
         limit = max(2 * self._heartbeat_interval, 1.0)
         return time.monotonic() - session.last_tick > limit
 
-    def _handle_assign(self, session, assign):
-        answers = []  # (assignment, message, new _RunningJob or None, result to resend or None)
-        with self._cv:
-            if self._frozen_locked(session):
-                session.suspect = True
-                _log.warning("worker=%s was frozen: not starting %d assigned job(s) from before",
-                             self.worker_id, len(assign.assignments))
-                frozen = True
-            else:
-                frozen = False
-        if frozen:
-            # The daemon offers them again (to this worker after it reconnects, or another).
-            session.cancel()
-            return
-        with self._cv:
-            for a in assign.assignments:
-                key = (a.job_id, a.attempt)
-                running = len(self._running)
-                reason = detail = None
-                if key in self._running or key in self._unacked:
-                    answers.append((a, pb.WorkerMessage(
-                        accept=pb.Accept(job_id=a.job_id, attempt=a.attempt)), None,
-                        self._unacked.get(key)))
-                    continue
-                if self._shutdown or self._draining:
-                    reason, detail = pb.Reject.REASON_DRAINING, "worker is draining"
-                elif a.type not in self._type_set:
-                    reason = pb.Reject.REASON_UNSUPPORTED
-                    detail = f'worker does not serve type "{a.type}"'
-                elif running >= self._max_concurrent:
-                    reason = pb.Reject.REASON_RESOURCE_EXHAUSTED
-                    detail = f"{running} of {self._max_concurrent} jobs running"
-                if reason is not None:
-                    answers.append((a, pb.WorkerMessage(reject=pb.Reject(
-                        job_id=a.job_id, attempt=a.attempt, reason=reason, message=detail)),
-                        None, None))
-                    continue
-                job = _RunningJob(key, Job(a))
-                self._running[key] = job
-                answers.append((a, pb.WorkerMessage(
-                    accept=pb.Accept(job_id=a.job_id, attempt=a.attempt)), job, None))
-
-        # A job starts only once its Accept has been sent: the daemon may otherwise have given
-        # the attempt to another worker after this stream died (a frozen worker waking up).
-        for a, message, job, resend in answers:
-            if job is not None:
-                if not session.write(message, functools.partial(self._accept_sent, job)):
-                    self._accept_sent(job, False)
-                continue
-            written = session.write(message)
-            if message.HasField("reject"):
-                _log.info("rejected job=%s attempt=%d reason=%s detail=%s", a.job_id, a.attempt,
-                          pb.Reject.Reason.Name(message.reject.reason).removeprefix("REASON_")
-                          .lower(), message.reject.message)
-            else:
-                _log.info("accepted again job=%s attempt=%d (already held)", a.job_id, a.attempt)
-                if resend is not None and written:
-                    session.write(resend)
-
-    def _accept_sent(self, running, sent):
-        """Starts an accepted job once its Accept is sent (sent=True); forgets it if it never was
-        (False); holds it unstarted for the next Welcome to decide if that is unknown (None)."""
-        job_id, attempt = running.key
-        if sent is None:
-            with self._cv:
-                if self._shutdown:  # no Welcome will come to decide: it never ran, forget it
-                    self._forget_locked(running.key)
-                    return
-                running.unstarted = True
-                self._cv.notify_all()
-            _log.warning("accept may not have reached the daemon job=%s attempt=%d: held until "
-                         "the next Welcome", job_id, attempt)
-            return
-        if not sent:
-            # The daemon never saw the Accept: it will offer the job again.
-            with self._cv:
-                self._forget_locked(running.key)
-            _log.warning("accept not delivered job=%s attempt=%d", job_id, attempt)
-            return
-        if self._start(running):
-            _log.info("accepted job=%s attempt=%d type=%s", job_id, attempt, running.job.type)
-
-    def _start(self, running):
-        """Hands an accepted job to a handler thread; False if the pool is closed."""
-        try:
-            self._pool.submit(self._run_job, running)
-            return True
-        except RuntimeError:  # the pool is shut down: close() raced this job
-            with self._cv:
-                self._forget_locked(running.key)
-                self._unacked[running.key] = self._result_message(
-                    running.key, None, JobFailed("worker is closing", retryable=True), 0.0)
-            return False
-
-    def _forget_locked(self, key):
-        self._running.pop(key, None)
-        if self._draining and not self._running:
-            self._jobs_done_at = time.monotonic()
-        self._cv.notify_all()
-
-    def _handle_cancel(self, cancel):
-        reason = cancel.reason or "cancelled by the daemon"
-        with self._cv:
-            hit = [k for k in self._running
-                   if k[0] == cancel.job_id and (cancel.attempt == 0 or k[1] == cancel.attempt)]
-            for key in hit:
-                self._running[key].job.cancel(reason)
-        if not hit:
-            _log.info("cancel for unknown job=%s attempt=%d (already finished?)", cancel.job_id,
-                      cancel.attempt)
-        for job_id, attempt in hit:
-            _log.info("cancelled job=%s attempt=%d reason=%s", job_id, attempt, cancel.reason)
-
     def _heartbeat_locked(self):
         hb = pb.Heartbeat()
         hb.running_jobs.extend(_held(k) for k, r in self._running.items() if not r.drop_result)
@@ -613,74 +495,3 @@ class Worker:
                 return
             fill_memory(heartbeat, self._memory_probe, self.worker_id)
             session.write(pb.WorkerMessage(heartbeat=heartbeat))
-
-    # -- jobs -------------------------------------------------------------------------------
-
-    def _result_message(self, key, output, failure, run_time):
-        result = pb.Result(job_id=key[0], attempt=key[1])
-        if failure is None:
-            result.output = output
-        else:
-            # Text as UTF-8 whatever the handler raised (protobuf refuses lone surrogates).
-            result.failure.message = str(failure.message).encode("utf-8", "replace").decode()
-            result.failure.retryable = bool(failure.retryable)
-        result.run_time.FromTimedelta(datetime.timedelta(seconds=run_time))
-        return pb.WorkerMessage(result=result)
-
-    def _outcome(self, job):
-        """Runs the handler: (output bytes, None) or (None, JobFailed)."""
-        try:
-            value = self._handler(job)
-        except JobFailed as e:
-            return None, e
-        except BaseException as e:  # noqa: BLE001  (a handler error fails the job, not the worker)
-            return None, JobFailed(f"handler raised {type(e).__name__}: {e}")
-        if value is None:
-            return b"", None
-        if isinstance(value, str):
-            return value.encode("utf-8", "replace"), None
-        if isinstance(value, (bytes, bytearray, memoryview)):
-            return bytes(value), None
-        return None, JobFailed(f"handler returned {type(value).__name__}, not bytes or str")
-
-    def _run_job(self, running):
-        key = running.key
-        start = time.monotonic()
-        message = None
-        failure = None
-        try:
-            output, failure = self._outcome(running.job)
-            if failure is None and len(output) > self._max_output_bytes:
-                failure = JobFailed(f"output too large: {len(output)} bytes, limit "
-                                    f"{self._max_output_bytes}")
-            run_time = time.monotonic() - start
-            message = self._result_message(key, output, failure, run_time)
-        finally:
-            # Whatever happened, the job no longer runs: its slot is free, a drain can end.
-            session = self._finish(running, message)
-        ok = failure is None
-        if running.drop_result:
-            _log.info("finished job=%s attempt=%d ok=%d run_time=%.3fs (result dropped: not "
-                      "re-adopted)", key[0], key[1], ok, run_time)
-            return
-        _log.info("finished job=%s attempt=%d ok=%d run_time=%.3fs%s", key[0], key[1], ok,
-                  run_time, "" if ok else " error=" + message.result.failure.message)
-        if session is not None:
-            session.write(message)
-
-    def _finish(self, running, message):
-        """Records a job's end; the session to send its result on, if any."""
-        key = running.key
-        session = None
-        with self._cv:
-            self._running.pop(key, None)
-            if not running.drop_result and message is not None:
-                self._unacked[key] = message
-                if self._welcomed:
-                    session = self._session
-            if self._draining and not self._running:
-                self._jobs_done_at = time.monotonic()
-            self._cv.notify_all()
-        if message is None:
-            _log.error("job=%s attempt=%d ended without a result to report", key[0], key[1])
-        return session
