@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
@@ -474,6 +475,26 @@ int MaxConcurrent(std::vector<JournalEvent> events) {
   int now = 0, best = 0;
   for (const JournalEvent& e : events) {
     now += e.start ? 1 : -1;
+    best = std::max(best, now);
+  }
+  return best;
+}
+
+int MostRunning(const std::vector<v1::Job>& jobs) {
+  auto micros = [](const google::protobuf::Timestamp& t) {
+    return t.seconds() * 1000000 + t.nanos() / 1000;
+  };
+  // (time, +1 at a start or -1 at an end); an end sorts before a start at the same instant.
+  std::vector<std::pair<int64_t, int>> edges;
+  for (const v1::Job& j : jobs) {
+    if (!j.has_started_at() || !j.has_finished_at()) continue;
+    edges.emplace_back(micros(j.started_at()), 1);
+    edges.emplace_back(micros(j.finished_at()), -1);
+  }
+  std::sort(edges.begin(), edges.end());
+  int now = 0, best = 0;
+  for (const auto& [at, delta] : edges) {
+    now += delta;
     best = std::max(best, now);
   }
   return best;

@@ -209,6 +209,9 @@ std::vector<JournalEvent> ReadJournal(const std::string& path, const std::string
 
 // The largest number of jobs running at once according to the journals' start/end events.
 int MaxConcurrent(std::vector<JournalEvent> events);
+// The most of `jobs` that were running at once by the daemon's record: from started_at to
+// finished_at (a job without either is left out).
+int MostRunning(const std::vector<v1::Job>& jobs);
 
 // A job spec with a type and a payload.
 v1::JobSpec Spec(const std::string& type, const std::string& payload);
