@@ -488,7 +488,9 @@ void Dispatcher::Sweep(absl::Time now) {
                       t.head == sched::WaitReason::kMemory || t.head == sched::WaitReason::kVram;
       if (capacity && t.queued > 0) backlog.emplace_back(t.name, t.queued);
     }
-    overflow_hook_.MaybeRun(now, backlog);
+    const bool started = overflow_hook_.MaybeRun(now, backlog);
+    const char* outcome = started ? "started" : backlog.empty() ? "quiet" : "failed";
+    metrics::Metrics().overflow_hook_checks.With({outcome}).Inc();
   }
 
   // The scheduler's counts are derived from its jobs; a drift is a bug, but must never freeze a

@@ -155,6 +155,9 @@ class Dispatcher {
     absl::Time connected_at;
     absl::Time last_seen;
     bool throttled = false;  // memory over its throttle threshold, not yet below resume
+    // RAM as its last heartbeat reported it.
+    int64_t ram_used_bytes = 0;
+    int64_t ram_total_bytes = 0;
     // Jobs its last heartbeat held that were not its to run, by attempt: stopped only if the
     // next heartbeat still holds them (a result crossing its ack on the wire is not a drift).
     absl::flat_hash_map<std::string, int32_t> not_own;

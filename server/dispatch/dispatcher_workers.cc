@@ -137,6 +137,8 @@ std::vector<v1::WorkerInfo> Dispatcher::WorkersNow() const {
     info.set_rank(w.rank);
     info.set_draining(w.draining);
     info.set_memory_throttled(w.throttled);
+    info.set_ram_used_bytes(s.ram_used_bytes);
+    info.set_ram_total_bytes(s.ram_total_bytes);
     for (const std::string& m : w.models_resident) info.add_models_resident(m);
     info.set_vram_gb(w.vram_gb);
     info.set_vram_in_use_gb(w.vram_in_use_gb);
@@ -393,6 +395,8 @@ void Dispatcher::OnHeartbeat(const std::string& worker_id, const v1::Heartbeat& 
 void Dispatcher::CheckMemory(const std::string& worker_id, const v1::Heartbeat& heartbeat) {
   auto it = sessions_.find(worker_id);
   if (it == sessions_.end()) return;
+  it->second.ram_used_bytes = heartbeat.ram_used_bytes();
+  it->second.ram_total_bytes = heartbeat.ram_total_bytes();
   sched::MemoryUse use{.ram_used_bytes = heartbeat.ram_used_bytes(),
                        .ram_total_bytes = heartbeat.ram_total_bytes()};
   for (const v1::Gpu& g : heartbeat.gpus()) {

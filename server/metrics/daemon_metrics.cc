@@ -31,6 +31,11 @@ DaemonMetrics::DaemonMetrics()
           "Dispatcher writes the store failed, by kind (finish, mark, claim, retry, return, "
           "expire); each goes again after a pause.",
           {"kind"})),
+      overflow_hook_checks(registry.AddCounter(
+          "dispatchd_overflow_hook_checks_total",
+          "Checks of the overflow hook, by outcome: started (jobs waited for capacity and the "
+          "command ran), quiet (none waited) or failed (the command could not be started).",
+          {"outcome"})),
       queued(registry.AddGauge("dispatchd_jobs_queued",
                                "Jobs waiting to be dispatched (held in memory or paged out).",
                                {"type", "tier", "model"})),

@@ -26,6 +26,9 @@ struct DaemonMetrics {
   // Dispatcher writes the store failed (not answered, or refused by a trigger or constraint),
   // by kind: finish, mark, claim, retry, return, expire.
   Family<Counter>& store_write_errors;
+  // Checks of the overflow hook (at each sweep while no run is going and its interval has
+  // passed), by outcome: started, quiet (nothing waited for capacity) or failed (could not start).
+  Family<Counter>& overflow_hook_checks;
   // Collected at scrape.
   Family<Gauge>& queued;         // {type, tier, model}
   Family<Gauge>& running;        // {type, tier, model}

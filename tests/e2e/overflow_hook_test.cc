@@ -1,9 +1,11 @@
 // Spawn on overflow: when jobs wait for capacity the daemon runs the configured command, at most
 // once per interval, with the backlog per type in its environment.
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
@@ -14,9 +16,6 @@
 
 namespace dispatchd::e2e {
 namespace {
-
-using ::testing::Each;
-using ::testing::HasSubstr;
 
 std::vector<std::string> Lines(const std::string& path) {
   std::vector<std::string> out;
@@ -40,9 +39,15 @@ TEST(OverflowHookTest, RunsWithTheBacklogWhileJobsWaitForCapacityAtMostOncePerIn
   absl::StatusOr<std::unique_ptr<Daemon>> daemon = Daemon::Start(options, dir);
   ASSERT_TRUE(daemon.ok()) << daemon.status();
   Daemon& d = **daemon;
+  // The leader's checks of the hook, by outcome (0 before the first).
+  auto checks = [&](absl::string_view outcome) {
+    return std::max(0.0, d.Metric(absl::StrCat("dispatchd_overflow_hook_checks_total{outcome=\"",
+                                               outcome, "\"}")));
+  };
 
-  // No backlog: the hook stays quiet.
-  absl::SleepFor(absl::Seconds(1.5));
+  // No backlog: the hook is checked at each sweep and stays quiet.
+  ASSERT_TRUE(WaitFor([&] { return checks("quiet") >= 3; }, absl::Seconds(10)));
+  EXPECT_EQ(checks("started"), 0);
   EXPECT_TRUE(Lines(calls).empty());
 
   // Three echo jobs and one embed job, and no worker: capacity is short. The hook may run before
@@ -69,11 +74,17 @@ TEST(OverflowHookTest, RunsWithTheBacklogWhileJobsWaitForCapacityAtMostOncePerIn
   ASSERT_TRUE(worker.ok()) << worker.status();
   std::vector<v1::Job> done;
   ASSERT_TRUE(d.WaitForTerminal(ids, &done, absl::Seconds(15)));
-  absl::SleepFor(absl::Seconds(1.2));  // a run already started may still append
-  size_t after = Lines(calls).size();
-  absl::SleepFor(absl::Seconds(2.5));
-  EXPECT_EQ(Lines(calls).size(), after);
-  EXPECT_THAT(d.process().Log(), HasSubstr("overflow hook started"));
+  // Nothing waits for capacity any more: the next checks are quiet, no run starts after the
+  // ones counted by now, and each of those appended its line.
+  const double started = checks("started");
+  const double quiet = checks("quiet");
+  EXPECT_GE(started, 2);
+  ASSERT_TRUE(WaitFor([&] { return checks("quiet") >= quiet + 3; }, absl::Seconds(10)));
+  EXPECT_EQ(checks("started"), started);
+  EXPECT_EQ(checks("failed"), 0);
+  EXPECT_TRUE(WaitFor([&] { return static_cast<double>(Lines(calls).size()) == started; },
+                      absl::Seconds(5)))
+      << Lines(calls).size() << " lines for " << started << " runs";
 }
 
 }  // namespace
