@@ -13,35 +13,16 @@
 #include "gtest/gtest.h"
 #include <signal.h>
 
+#include "tests/e2e/e2e_test.h"
 #include "tests/e2e/harness.h"
-#include "tests/testing/pg_test_db.h"
 
 namespace dispatchd::e2e {
 namespace {
 
 using ::testing::HasSubstr;
 
-class DispatchTest : public ::testing::Test {
+class DispatchTest : public E2eTest {
  protected:
-  void SetUp() override {
-    absl::StatusOr<testing::TestDatabase> db = testing::TestDatabase::Create("e2e");
-    ASSERT_TRUE(db.ok()) << db.status();
-    db_ = std::make_unique<testing::TestDatabase>(*std::move(db));
-  }
-
-  std::unique_ptr<Daemon> StartDaemon(DaemonOptions options = {}) {
-    options.postgres_url = db_->url();
-    absl::StatusOr<std::unique_ptr<Daemon>> d = Daemon::Start(options, dir_);
-    EXPECT_TRUE(d.ok()) << d.status();
-    return d.ok() ? *std::move(d) : nullptr;
-  }
-
-  std::unique_ptr<Worker> StartWorker(const Daemon& d, WorkerOptions options) {
-    absl::StatusOr<std::unique_ptr<Worker>> w = Worker::Start(d.address(), options, dir_);
-    EXPECT_TRUE(w.ok()) << w.status();
-    return w.ok() ? *std::move(w) : nullptr;
-  }
-
   // Parses JSON with Python's json module and prints the value at `path` (a Python expression
   // on `d`), so that the test checks real JSON rather than a substring.
   static CommandResult JsonField(const std::string& json, const std::string& path) {
@@ -49,9 +30,6 @@ class DispatchTest : public ::testing::Test {
                        absl::StrCat("import json,sys; d=json.load(sys.stdin); print(", path, ")")},
                       absl::Seconds(30), json);
   }
-
-  TempDir dir_;
-  std::unique_ptr<testing::TestDatabase> db_;
 };
 
 TEST_F(DispatchTest, CtlRunPrintsWorkerResultAndStatusShowsSucceeded) {

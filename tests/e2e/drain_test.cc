@@ -5,28 +5,36 @@
 #include <string>
 #include <vector>
 
-#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
+#include "tests/e2e/e2e_test.h"
 #include "tests/e2e/harness.h"
-#include "tests/testing/pg_test_db.h"
 
 namespace dispatchd::e2e {
 namespace {
 
 using ::testing::HasSubstr;
 
-TEST(DrainTest, DrainedWorkerFinishesItsJobsTakesNoMoreAndExits) {
-  absl::StatusOr<testing::TestDatabase> db = testing::TestDatabase::Create("e2e");
-  ASSERT_TRUE(db.ok()) << db.status();
-  TempDir dir;
-  absl::StatusOr<std::unique_ptr<Daemon>> d = Daemon::Start({.postgres_url = db->url()}, dir);
-  ASSERT_TRUE(d.ok()) << d.status();
-  Daemon& daemon = **d;
-  absl::StatusOr<std::unique_ptr<Worker>> a = Worker::Start(
-      daemon.address(), {.id = "a", .slots = 2, .mode = {"--simulate", "100%:2s"}}, dir);
-  ASSERT_TRUE(a.ok()) << a.status();
+using DrainTest = E2eTest;
+
+// The scheduler's reason for the first queued echo job to wait, or "" if Stats fails.
+std::string EchoWaitReason(Daemon& daemon) {
+  absl::StatusOr<v1::StatsResponse> stats = daemon.Stats();
+  if (!stats.ok()) return "";
+  for (const v1::TypeStats& t : stats->types()) {
+    if (t.type() == "echo") return t.head_wait_reason();
+  }
+  return "";
+}
+
+TEST_F(DrainTest, DrainedWorkerFinishesItsJobsTakesNoMoreAndExits) {
+  std::unique_ptr<Daemon> d = StartDaemon();
+  ASSERT_NE(d, nullptr);
+  Daemon& daemon = *d;
+  std::unique_ptr<Worker> a =
+      StartWorker(daemon, {.id = "a", .slots = 2, .mode = {"--simulate", "100%:2s"}});
+  ASSERT_NE(a, nullptr);
   ASSERT_TRUE(daemon.WaitForWorkers(1));
 
   std::vector<std::string> first;
@@ -53,18 +61,20 @@ TEST(DrainTest, DrainedWorkerFinishesItsJobsTakesNoMoreAndExits) {
   ASSERT_EQ(workers->size(), 1u);
   EXPECT_TRUE((*workers)[0].draining());
 
-  // A job queued now waits: the only worker is draining.
+  // A job queued now waits: the only worker is draining. The scheduler says so before the two
+  // jobs it runs can end.
   absl::StatusOr<std::string> later = daemon.Submit(Spec("echo", "later"));
   ASSERT_TRUE(later.ok()) << later.status();
-  absl::SleepFor(absl::Milliseconds(500));
+  ASSERT_TRUE(WaitFor([&] { return EchoWaitReason(daemon) == "workers_busy"; }, absl::Seconds(10)))
+      << EchoWaitReason(daemon);
   absl::StatusOr<v1::Job> waiting = daemon.Status(*later);
   ASSERT_TRUE(waiting.ok());
   EXPECT_EQ(waiting->state(), v1::JOB_STATE_QUEUED);
 
   // The drained worker finishes its two jobs and exits cleanly.
-  absl::StatusOr<int> exited = (*a)->process().Wait(absl::Seconds(30));
+  absl::StatusOr<int> exited = a->process().Wait(absl::Seconds(30));
   ASSERT_TRUE(exited.ok()) << "the drained worker did not exit";
-  EXPECT_EQ(*exited, 0) << (*a)->process().Log();
+  EXPECT_EQ(*exited, 0) << a->process().Log();
   std::vector<v1::Job> jobs;
   ASSERT_TRUE(daemon.WaitForTerminal(first, &jobs, absl::Seconds(30)));
   for (const v1::Job& j : jobs) {
@@ -74,8 +84,8 @@ TEST(DrainTest, DrainedWorkerFinishesItsJobsTakesNoMoreAndExits) {
   }
 
   // Another worker takes what was left.
-  absl::StatusOr<std::unique_ptr<Worker>> b = Worker::Start(daemon.address(), {.id = "b"}, dir);
-  ASSERT_TRUE(b.ok()) << b.status();
+  std::unique_ptr<Worker> b = StartWorker(daemon, {.id = "b"});
+  ASSERT_NE(b, nullptr);
   ASSERT_TRUE(daemon.WaitForTerminal({*later}, &jobs, absl::Seconds(30)));
   EXPECT_EQ(jobs[0].state(), v1::JOB_STATE_SUCCEEDED);
   EXPECT_EQ(jobs[0].worker_id(), "b");
