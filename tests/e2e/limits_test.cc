@@ -16,20 +16,19 @@
 
 #include "dispatchd/v1/job_service.grpc.pb.h"
 #include "dispatchd/v1/worker_service.grpc.pb.h"
+#include "tests/e2e/e2e_test.h"
 #include "tests/e2e/harness.h"
-#include "tests/testing/pg_test_db.h"
 
 namespace dispatchd::e2e {
 namespace {
 
 using ::testing::HasSubstr;
 
-class LimitsTest : public ::testing::Test {
+class LimitsTest : public E2eTest {
  protected:
   void SetUp() override {
-    absl::StatusOr<testing::TestDatabase> db = testing::TestDatabase::Create("e2e_limits");
-    ASSERT_TRUE(db.ok()) << db.status();
-    db_ = std::make_unique<testing::TestDatabase>(*std::move(db));
+    E2eTest::SetUp();
+    if (HasFatalFailure()) return;
     WriteTokensFile(dir_, {{"alice", "client", ""},
                            {"bob", "client", ""},
                            {"front", "gateway", ""},
@@ -40,12 +39,11 @@ class LimitsTest : public ::testing::Test {
 
   // Starts the daemon with `limits` (YAML lines under `limits:`).
   void Start(const std::string& limits) {
-    DaemonOptions options{.postgres_url = db_->url()};
+    DaemonOptions options;
     options.extra_yaml =
         absl::StrCat("auth:\n  tokens_file: ", dir_.File("tokens"), "\nlimits:\n", limits);
-    absl::StatusOr<std::unique_ptr<Daemon>> d = Daemon::Start(options, dir_);
-    ASSERT_TRUE(d.ok()) << d.status();
-    daemon_ = *std::move(d);
+    daemon_ = E2eTest::StartDaemon(options);
+    ASSERT_NE(daemon_, nullptr);
     channel_ = grpc::CreateChannel(daemon_->address(), grpc::InsecureChannelCredentials());
     jobs_ = v1::JobService::NewStub(channel_);
     workers_ = v1::WorkerService::NewStub(channel_);
@@ -90,8 +88,6 @@ class LimitsTest : public ::testing::Test {
     return jobs_->Status(ctx.get(), req, &resp);
   }
 
-  TempDir dir_;
-  std::unique_ptr<testing::TestDatabase> db_;
   std::unique_ptr<Daemon> daemon_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::JobService::Stub> jobs_;

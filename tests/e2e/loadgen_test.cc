@@ -20,8 +20,8 @@
 #include "pqxx/result"
 #include <signal.h>
 
+#include "tests/e2e/e2e_test.h"
 #include "tests/e2e/harness.h"
-#include "tests/testing/pg_test_db.h"
 
 namespace dispatchd::e2e {
 namespace {
@@ -34,30 +34,19 @@ struct Record {
   std::string job_id;
 };
 
-class LoadgenTest : public ::testing::Test {
+class LoadgenTest : public E2eTest {
  protected:
-  void SetUp() override {
-    absl::StatusOr<testing::TestDatabase> db = testing::TestDatabase::Create("loadgen");
-    ASSERT_TRUE(db.ok()) << db.status();
-    db_ = std::make_unique<testing::TestDatabase>(*std::move(db));
-  }
-
   std::unique_ptr<Daemon> StartDaemon(const std::string& extra_yaml = "") {
-    DaemonOptions options{.postgres_url = db_->url(), .types = {{.name = "noop"}}};
+    DaemonOptions options{.types = {{.name = "noop"}}};
     options.extra_yaml = extra_yaml;
-    absl::StatusOr<std::unique_ptr<Daemon>> d = Daemon::Start(options, dir_);
-    EXPECT_TRUE(d.ok()) << d.status();
-    return d.ok() ? *std::move(d) : nullptr;
+    return E2eTest::StartDaemon(options);
   }
 
   // A reference worker in echo mode that records each handler start.
   std::unique_ptr<Worker> StartWorker(const Daemon& d) {
-    absl::StatusOr<std::unique_ptr<Worker>> w = Worker::Start(
-        d.address(),
-        {.id = "w1", .types = {"noop"}, .slots = 8, .mode = {"--echo", "--start-log", StartLog()}},
-        dir_);
-    EXPECT_TRUE(w.ok()) << w.status();
-    return w.ok() ? *std::move(w) : nullptr;
+    return E2eTest::StartWorker(
+        d,
+        {.id = "w1", .types = {"noop"}, .slots = 8, .mode = {"--echo", "--start-log", StartLog()}});
   }
   std::string StartLog() const { return dir_.File("starts"); }
 
@@ -123,12 +112,6 @@ class LoadgenTest : public ::testing::Test {
     return out;
   }
 
-  int64_t Count(const std::string& sql) {
-    pqxx::connection conn(db_->url());
-    pqxx::nontransaction txn(conn);
-    return txn.exec(sql)[0][0].as<int64_t>();
-  }
-
   // Waits for every job to end, then checks that `records` name exactly the rows of the
   // database, each SUCCEEDED at its first attempt, and (after the worker drained and wrote its
   // start log) that the worker started each once.
@@ -138,12 +121,12 @@ class LoadgenTest : public ::testing::Test {
     EXPECT_EQ(ids.size(), records.size()) << "a job id was reported twice";
     ASSERT_TRUE(WaitFor(
         [&] {
-          return Count(
+          return QueryInt(
                      "SELECT count(*) FROM jobs WHERE state IN ('QUEUED', 'DISPATCHED', "
                      "'RUNNING')") == 0;
         },
         absl::Seconds(60)));
-    pqxx::connection conn(db_->url());
+    pqxx::connection conn(db().url());
     pqxx::nontransaction txn(conn);
     std::set<std::string> rows;
     for (const pqxx::row& row : txn.exec("SELECT id, state, attempt FROM jobs")) {
@@ -161,9 +144,6 @@ class LoadgenTest : public ::testing::Test {
     EXPECT_EQ(starts.size(), ids.size());
     for (const std::string& id : ids) EXPECT_EQ(starts[id], 1) << id;
   }
-
-  TempDir dir_;
-  std::unique_ptr<testing::TestDatabase> db_;
 };
 
 TEST_F(LoadgenTest, FloodQueuesEveryJobOnceAndResendsRefusedCalls) {
@@ -265,7 +245,7 @@ TEST_F(LoadgenTest, AnUnexpectedErrorFailsTheRun) {
   std::map<std::string, int64_t> s = Summary(r.out, {"['jobs']", "['errors']"});
   EXPECT_EQ(s["['jobs']"], 0);
   EXPECT_GE(s["['errors']"], 1);
-  EXPECT_EQ(Count("SELECT count(*) FROM jobs"), 0);
+  EXPECT_EQ(QueryInt("SELECT count(*) FROM jobs"), 0);
 
   CommandResult usage = RunCommand({DISPATCH_LOADGEN_BIN, "flood", "--jobs", "10", "--batch", "0"});
   EXPECT_EQ(usage.exit_code, 2);

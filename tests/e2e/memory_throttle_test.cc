@@ -8,8 +8,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
+#include "tests/e2e/e2e_test.h"
 #include "tests/e2e/harness.h"
-#include "tests/testing/pg_test_db.h"
 
 namespace dispatchd::e2e {
 namespace {
@@ -21,22 +21,20 @@ void ReportRamPercent(const std::string& path, int percent) {
   std::ofstream(path) << percent * kGiB << " " << 100 * kGiB << "\n";
 }
 
-TEST(MemoryThrottleTest, WorkerOverThresholdGetsNoJobsUntilBelowResume) {
-  absl::StatusOr<testing::TestDatabase> db = testing::TestDatabase::Create("e2e");
-  ASSERT_TRUE(db.ok()) << db.status();
-  TempDir dir;
-  DaemonOptions options;
-  options.postgres_url = db->url();
-  options.extra_yaml = "memory_throttle:\n  ram_percent: 90\n  ram_resume_percent: 80\n";
-  absl::StatusOr<std::unique_ptr<Daemon>> daemon = Daemon::Start(options, dir);
-  ASSERT_TRUE(daemon.ok()) << daemon.status();
-  Daemon& d = **daemon;
+using MemoryThrottleTest = E2eTest;
 
-  const std::string memory = dir.File("memory");
+TEST_F(MemoryThrottleTest, WorkerOverThresholdGetsNoJobsUntilBelowResume) {
+  DaemonOptions options;
+  options.extra_yaml = "memory_throttle:\n  ram_percent: 90\n  ram_resume_percent: 80\n";
+  std::unique_ptr<Daemon> daemon = StartDaemon(options);
+  ASSERT_NE(daemon, nullptr);
+  Daemon& d = *daemon;
+
+  const std::string memory = dir_.File("memory");
   ReportRamPercent(memory, 95);
-  absl::StatusOr<std::unique_ptr<Worker>> worker =
-      Worker::Start(d.address(), {.id = "w", .mode = {"--echo", "--memory-file", memory}}, dir);
-  ASSERT_TRUE(worker.ok()) << worker.status();
+  std::unique_ptr<Worker> worker =
+      StartWorker(d, {.id = "w", .mode = {"--echo", "--memory-file", memory}});
+  ASSERT_NE(worker, nullptr);
   ASSERT_TRUE(d.WaitForWorkers(1));
 
   // What the daemon made of the worker's last heartbeat (every 500 ms here).

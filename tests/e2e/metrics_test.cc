@@ -12,8 +12,8 @@
 #include "gtest/gtest.h"
 #include <httplib.h>
 
+#include "tests/e2e/e2e_test.h"
 #include "tests/e2e/harness.h"
-#include "tests/testing/pg_test_db.h"
 
 namespace dispatchd::e2e {
 namespace {
@@ -52,16 +52,15 @@ double Sample(const std::string& page, const std::string& series) {
   return -1;
 }
 
-TEST(MetricsTest, SeriesExistAndMoveAsJobsFlow) {
-  absl::StatusOr<testing::TestDatabase> db = testing::TestDatabase::Create("e2e");
-  ASSERT_TRUE(db.ok()) << db.status();
-  TempDir dir;
-  DaemonOptions options{.postgres_url = db->url()};
+using MetricsTest = E2eTest;
+
+TEST_F(MetricsTest, SeriesExistAndMoveAsJobsFlow) {
+  DaemonOptions options;
   options.types = {};
   options.extra_yaml = kTypes;
-  absl::StatusOr<std::unique_ptr<Daemon>> d = Daemon::Start(options, dir);
-  ASSERT_TRUE(d.ok()) << d.status();
-  Daemon& daemon = **d;
+  std::unique_ptr<Daemon> d = StartDaemon(options);
+  ASSERT_NE(d, nullptr);
+  Daemon& daemon = *d;
   const std::string address = daemon.MetricsAddress();
   ASSERT_FALSE(address.empty()) << daemon.process().Log();
 
@@ -97,9 +96,9 @@ TEST(MetricsTest, SeriesExistAndMoveAsJobsFlow) {
   EXPECT_GE(Sample(page, R"(dispatchd_store_commit_seconds_count{op="insert"})"), 1);
 
   // A worker drains them, and runs jobs of the rate-limited model too.
-  absl::StatusOr<std::unique_ptr<Worker>> w =
-      Worker::Start(daemon.address(), {.id = "w", .types = {"echo", "llm"}, .slots = 4}, dir);
-  ASSERT_TRUE(w.ok()) << w.status();
+  std::unique_ptr<Worker> w =
+      StartWorker(daemon, {.id = "w", .types = {"echo", "llm"}, .slots = 4});
+  ASSERT_NE(w, nullptr);
   ASSERT_TRUE(daemon.WaitForWorkers(1));
   for (int i = 0; i < 5; ++i) {
     absl::StatusOr<std::string> id = daemon.Submit(Spec(i % 2 == 0 ? "echo" : "llm", "run"));

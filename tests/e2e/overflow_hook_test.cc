@@ -11,8 +11,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
+#include "tests/e2e/e2e_test.h"
 #include "tests/e2e/harness.h"
-#include "tests/testing/pg_test_db.h"
 
 namespace dispatchd::e2e {
 namespace {
@@ -25,20 +25,18 @@ std::vector<std::string> Lines(const std::string& path) {
   return out;
 }
 
-TEST(OverflowHookTest, RunsWithTheBacklogWhileJobsWaitForCapacityAtMostOncePerInterval) {
-  absl::StatusOr<testing::TestDatabase> db = testing::TestDatabase::Create("e2e");
-  ASSERT_TRUE(db.ok()) << db.status();
-  TempDir dir;
-  const std::string calls = dir.File("calls");
+using OverflowHookTest = E2eTest;
+
+TEST_F(OverflowHookTest, RunsWithTheBacklogWhileJobsWaitForCapacityAtMostOncePerInterval) {
+  const std::string calls = dir_.File("calls");
   DaemonOptions options;
-  options.postgres_url = db->url();
   options.types = {{.name = "echo"}, {.name = "embed"}};
   options.extra_yaml =
       "overflow_hook:\n  command: 'echo \"$DISPATCHD_BACKLOG_TOTAL $DISPATCHD_BACKLOG\" >> " +
       calls + "'\n  interval: 1s\n";
-  absl::StatusOr<std::unique_ptr<Daemon>> daemon = Daemon::Start(options, dir);
-  ASSERT_TRUE(daemon.ok()) << daemon.status();
-  Daemon& d = **daemon;
+  std::unique_ptr<Daemon> daemon = StartDaemon(options);
+  ASSERT_NE(daemon, nullptr);
+  Daemon& d = *daemon;
   // The leader's checks of the hook, by outcome (0 before the first).
   auto checks = [&](absl::string_view outcome) {
     return std::max(0.0, d.Metric(absl::StrCat("dispatchd_overflow_hook_checks_total{outcome=\"",
@@ -69,9 +67,9 @@ TEST(OverflowHookTest, RunsWithTheBacklogWhileJobsWaitForCapacityAtMostOncePerIn
   EXPECT_LE(static_cast<double>(Lines(calls).size()), seconds + 1.0);
 
   // A worker takes the jobs: the overflow ends and the hook stops being called.
-  absl::StatusOr<std::unique_ptr<Worker>> worker =
-      Worker::Start(d.address(), {.id = "w", .types = {"echo", "embed"}, .slots = 4}, dir);
-  ASSERT_TRUE(worker.ok()) << worker.status();
+  std::unique_ptr<Worker> worker =
+      StartWorker(d, {.id = "w", .types = {"echo", "embed"}, .slots = 4});
+  ASSERT_NE(worker, nullptr);
   std::vector<v1::Job> done;
   ASSERT_TRUE(d.WaitForTerminal(ids, &done, absl::Seconds(15)));
   // Nothing waits for capacity any more: the next checks are quiet, no run starts after the

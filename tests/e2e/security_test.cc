@@ -24,8 +24,8 @@
 #include "client/cpp/dispatch_client.h"
 #include "dispatchd/v1/worker_service.grpc.pb.h"
 #include "server/auth/grpc_auth.h"
+#include "tests/e2e/e2e_test.h"
 #include "tests/e2e/harness.h"
-#include "tests/testing/pg_test_db.h"
 
 namespace dispatchd::e2e {
 namespace {
@@ -74,12 +74,11 @@ class Pki {
 
 constexpr char kEchoType[] = "  - name: echo\n    retry_backoff: 100ms\n";
 
-class SecurityTest : public ::testing::Test {
+class SecurityTest : public E2eTest {
  protected:
   void SetUp() override {
-    absl::StatusOr<testing::TestDatabase> db = testing::TestDatabase::Create("e2e");
-    ASSERT_TRUE(db.ok()) << db.status();
-    db_ = std::make_unique<testing::TestDatabase>(*std::move(db));
+    E2eTest::SetUp();
+    if (HasFatalFailure()) return;
     pki_.MakeCa("ca");
     pki_.MakeCa("other-ca");
     pki_.MakeCert("server", "server-a", "ca", /*server=*/true);
@@ -97,7 +96,7 @@ class SecurityTest : public ::testing::Test {
 
   // Starts the daemon with TLS (client certificates `client_auth`) and the tokens file.
   void StartDaemon(const std::string& client_auth = "request", const std::string& refresh = "1m") {
-    DaemonOptions options{.postgres_url = db_->url()};
+    DaemonOptions options;
     options.types = {};
     options.extra_yaml = absl::StrCat(
         kEchoType, "tls:\n  cert_file: ", pki_.Path("server.pem"),
@@ -106,9 +105,8 @@ class SecurityTest : public ::testing::Test {
         "\nauth:\n  tokens_file: ", dir_.File("tokens"),
         "\n  certificates:\n    - name: alice-cert\n"
         "      principal: alice\n      role: client\n");
-    absl::StatusOr<std::unique_ptr<Daemon>> d = Daemon::Start(options, dir_);
-    ASSERT_TRUE(d.ok()) << d.status();
-    daemon_ = *std::move(d);
+    daemon_ = E2eTest::StartDaemon(options);
+    ASSERT_NE(daemon_, nullptr);
   }
 
   // A client with the test CA and `who`'s token ("" for none), and optionally a certificate.
@@ -141,10 +139,7 @@ class SecurityTest : public ::testing::Test {
       args.push_back(pki_.Path("ca.pem"));
     }
     args.insert(args.end(), mode.begin(), mode.end());
-    absl::StatusOr<std::unique_ptr<Worker>> w =
-        Worker::Start(daemon_->address(), {.id = id, .slots = slots, .mode = args}, dir_);
-    EXPECT_TRUE(w.ok()) << w.status();
-    return w.ok() ? *std::move(w) : nullptr;
+    return E2eTest::StartWorker(*daemon_, {.id = id, .slots = slots, .mode = args});
   }
 
   bool daemon_config_has_tls() const {
@@ -160,9 +155,7 @@ class SecurityTest : public ::testing::Test {
         absl::Seconds(30));
   }
 
-  TempDir dir_;
   Pki pki_{dir_};
-  std::unique_ptr<testing::TestDatabase> db_;
   std::unique_ptr<Daemon> daemon_;
 };
 
@@ -471,12 +464,11 @@ TEST_F(SecurityTest, CertificateRotationUnderLoadLosesNothing) {
 }
 
 TEST_F(SecurityTest, TokensWorkOnLoopbackWithoutTlsAndEachCallIsCheckedAlone) {
-  DaemonOptions options{.postgres_url = db_->url()};
+  DaemonOptions options;
   options.types = {};
   options.extra_yaml = absl::StrCat(kEchoType, "auth:\n  tokens_file: ", dir_.File("tokens"), "\n");
-  absl::StatusOr<std::unique_ptr<Daemon>> d = Daemon::Start(options, dir_);
-  ASSERT_TRUE(d.ok()) << d.status();
-  daemon_ = *std::move(d);
+  daemon_ = E2eTest::StartDaemon(options);
+  ASSERT_NE(daemon_, nullptr);
   // One plaintext connection, calls with and without a token: each is judged by its own.
   auto channel = grpc::CreateChannel(daemon_->address(), grpc::InsecureChannelCredentials());
   const std::string token(absl::StripAsciiWhitespace(ReadFile(dir_.File("alice.token"))));

@@ -14,8 +14,8 @@
 #include "gtest/gtest.h"
 #include <grpcpp/grpcpp.h>
 
+#include "tests/e2e/e2e_test.h"
 #include "tests/e2e/harness.h"
-#include "tests/testing/pg_test_db.h"
 
 namespace dispatchd::e2e {
 namespace {
@@ -39,25 +39,20 @@ tiers:
     value: 2
 )";
 
-class StatsTest : public ::testing::Test {
+class StatsTest : public E2eTest {
  protected:
   void SetUp() override {
-    absl::StatusOr<testing::TestDatabase> db = testing::TestDatabase::Create("e2e");
-    ASSERT_TRUE(db.ok()) << db.status();
-    db_ = std::make_unique<testing::TestDatabase>(*std::move(db));
+    E2eTest::SetUp();
+    if (HasFatalFailure()) return;
     DaemonOptions options;
-    options.postgres_url = db_->url();
     options.types = {};
     options.extra_yaml = kTypesAndTiers;
-    absl::StatusOr<std::unique_ptr<Daemon>> d = Daemon::Start(options, dir_);
-    ASSERT_TRUE(d.ok()) << d.status();
-    daemon_ = *std::move(d);
+    daemon_ = E2eTest::StartDaemon(options);
+    ASSERT_NE(daemon_, nullptr);
   }
 
   std::unique_ptr<Worker> StartWorker(WorkerOptions options) {
-    absl::StatusOr<std::unique_ptr<Worker>> w = Worker::Start(daemon_->address(), options, dir_);
-    EXPECT_TRUE(w.ok()) << w.status();
-    return w.ok() ? *std::move(w) : nullptr;
+    return E2eTest::StartWorker(*daemon_, options);
   }
 
   // Submits a job; its id, or empty (and a failure) if refused.
@@ -103,8 +98,6 @@ class StatsTest : public ::testing::Test {
     return last;
   }
 
-  TempDir dir_;
-  std::unique_ptr<testing::TestDatabase> db_;
   std::unique_ptr<Daemon> daemon_;
 };
 
@@ -340,12 +333,10 @@ TEST_F(StatsTest, CtlSubmitSaysWhenARepeatWasDeduplicated) {
 
 }  // namespace
 // A model type without a VRAM budget is allowed but warned about at start, naming the key.
-TEST(StartupWarningTest, ModelWithoutVramBudgetIsLoggedAtStart) {
-  absl::StatusOr<testing::TestDatabase> db = testing::TestDatabase::Create("e2e");
-  ASSERT_TRUE(db.ok()) << db.status();
-  TempDir dir;
+using StartupWarningTest = E2eTest;
+
+TEST_F(StartupWarningTest, ModelWithoutVramBudgetIsLoggedAtStart) {
   DaemonOptions options;
-  options.postgres_url = db->url();
   options.types = {};
   options.extra_yaml = R"(  - name: embed
     model: bge
@@ -353,9 +344,9 @@ TEST(StartupWarningTest, ModelWithoutVramBudgetIsLoggedAtStart) {
     model: llama
     vram_gb: 10
 )";
-  absl::StatusOr<std::unique_ptr<Daemon>> d = Daemon::Start(options, dir);
-  ASSERT_TRUE(d.ok()) << d.status();
-  std::string log = (*d)->process().Log();
+  std::unique_ptr<Daemon> d = StartDaemon(options);
+  ASSERT_NE(d, nullptr);
+  std::string log = d->process().Log();
   EXPECT_THAT(log, HasSubstr("types[0].vram_gb"));
   EXPECT_THAT(log, HasSubstr("\"bge\""));
   EXPECT_THAT(log, ::testing::Not(HasSubstr("\"llama\") has no VRAM budget")));

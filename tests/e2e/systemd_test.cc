@@ -18,8 +18,8 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "tests/e2e/e2e_test.h"
 #include "tests/e2e/harness.h"
-#include "tests/testing/pg_test_db.h"
 
 namespace dispatchd::e2e {
 namespace {
@@ -68,30 +68,29 @@ class NotifySocket {
   bool bound_ = false;
 };
 
-TEST(SystemdTest, ReportsReadinessFeedsTheWatchdogAndReportsStopping) {
-  absl::StatusOr<testing::TestDatabase> db = testing::TestDatabase::Create("e2e");
-  ASSERT_TRUE(db.ok()) << db.status();
-  TempDir dir;
-  NotifySocket manager(dir.File("notify.sock"));
-  ASSERT_TRUE(manager.bound()) << "cannot bind " << dir.File("notify.sock");
+using SystemdTest = E2eTest;
+
+TEST_F(SystemdTest, ReportsReadinessFeedsTheWatchdogAndReportsStopping) {
+  NotifySocket manager(dir_.File("notify.sock"));
+  ASSERT_TRUE(manager.bound()) << "cannot bind " << dir_.File("notify.sock");
 
   // The daemon inherits these; a 1 s watchdog means a keep-alive every 0.5 s.
-  setenv("NOTIFY_SOCKET", dir.File("notify.sock").c_str(), 1);
+  setenv("NOTIFY_SOCKET", dir_.File("notify.sock").c_str(), 1);
   setenv("WATCHDOG_USEC", "1000000", 1);
   unsetenv("WATCHDOG_PID");
-  absl::StatusOr<std::unique_ptr<Daemon>> d = Daemon::Start({.postgres_url = db->url()}, dir);
+  std::unique_ptr<Daemon> d = StartDaemon();
   unsetenv("NOTIFY_SOCKET");
   unsetenv("WATCHDOG_USEC");
-  ASSERT_TRUE(d.ok()) << d.status();
-  Daemon& daemon = **d;
+  ASSERT_NE(d, nullptr);
+  Daemon& daemon = *d;
 
   const std::string ready = manager.WaitFor("READY=1", absl::Seconds(30));
   ASSERT_FALSE(ready.empty()) << daemon.process().Log();
   EXPECT_THAT(ready, HasSubstr(absl::StrCat("STATUS=serving on ", daemon.address())));
 
   // Keep-alives keep coming while the daemon serves (and while it works).
-  absl::StatusOr<std::unique_ptr<Worker>> w = Worker::Start(daemon.address(), {.id = "w"}, dir);
-  ASSERT_TRUE(w.ok()) << w.status();
+  std::unique_ptr<Worker> w = StartWorker(daemon, {.id = "w"});
+  ASSERT_NE(w, nullptr);
   std::vector<std::string> ids;
   for (int i = 0; i < 20; ++i) {
     absl::StatusOr<std::string> id = daemon.Submit(Spec("echo", "under systemd"));
@@ -106,7 +105,6 @@ TEST(SystemdTest, ReportsReadinessFeedsTheWatchdogAndReportsStopping) {
   }
   EXPECT_EQ(keepalives, 4) << "keep-alives every 0.5 s expected; the daemon's log:\n"
                            << daemon.process().Log();
-  EXPECT_THAT(daemon.process().Log(), HasSubstr("watchdog: a keep-alive every 500ms"));
 
   absl::StatusOr<int> rc = daemon.Terminate();
   ASSERT_TRUE(rc.ok()) << rc.status();
@@ -114,18 +112,15 @@ TEST(SystemdTest, ReportsReadinessFeedsTheWatchdogAndReportsStopping) {
   EXPECT_THAT(manager.WaitFor("STOPPING=1", absl::Seconds(5)), HasSubstr("STOPPING=1"));
 }
 
-TEST(SystemdTest, SendsNothingOutsideAServiceManager) {
-  absl::StatusOr<testing::TestDatabase> db = testing::TestDatabase::Create("e2e");
-  ASSERT_TRUE(db.ok()) << db.status();
-  TempDir dir;
+TEST_F(SystemdTest, SendsNothingOutsideAServiceManager) {
   unsetenv("NOTIFY_SOCKET");
   unsetenv("WATCHDOG_USEC");
-  absl::StatusOr<std::unique_ptr<Daemon>> d = Daemon::Start({.postgres_url = db->url()}, dir);
-  ASSERT_TRUE(d.ok()) << d.status();
-  absl::StatusOr<int> rc = (*d)->Terminate();
+  std::unique_ptr<Daemon> d = StartDaemon();
+  ASSERT_NE(d, nullptr);
+  absl::StatusOr<int> rc = d->Terminate();
   ASSERT_TRUE(rc.ok()) << rc.status();
   EXPECT_EQ(*rc, 0);
-  const std::string log = (*d)->process().Log();
+  const std::string log = d->process().Log();
   EXPECT_THAT(log, ::testing::Not(HasSubstr("watchdog")));
   EXPECT_THAT(log, ::testing::Not(HasSubstr("cannot notify the service manager")));
 }

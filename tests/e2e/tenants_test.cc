@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
@@ -14,20 +15,19 @@
 
 #include "dispatchd/v1/admin_service.grpc.pb.h"
 #include "dispatchd/v1/job_service.grpc.pb.h"
+#include "tests/e2e/e2e_test.h"
 #include "tests/e2e/harness.h"
-#include "tests/testing/pg_test_db.h"
 
 namespace dispatchd::e2e {
 namespace {
 
 using ::testing::HasSubstr;
 
-class TenantsTest : public ::testing::Test {
+class TenantsTest : public E2eTest {
  protected:
   void SetUp() override {
-    absl::StatusOr<testing::TestDatabase> db = testing::TestDatabase::Create("e2e_tenants");
-    ASSERT_TRUE(db.ok()) << db.status();
-    db_ = std::make_unique<testing::TestDatabase>(*std::move(db));
+    E2eTest::SetUp();
+    if (HasFatalFailure()) return;
     WriteTokensFile(dir_, {{"alice", "client", ""},
                            {"bob", "client", ""},
                            {"ops", "admin", ""},
@@ -36,13 +36,12 @@ class TenantsTest : public ::testing::Test {
 
   // Starts the daemon with tenant research = {alice}, weight 3, and `more` of its keys.
   void Start(const std::string& more = "") {
-    DaemonOptions options{.postgres_url = db_->url()};
+    DaemonOptions options;
     options.extra_yaml = absl::StrCat(
         "auth:\n  tokens_file: ", dir_.File("tokens"),
         "\ntenants:\n  - {name: research, principals: [alice], weight: 3", more, "}\n");
-    absl::StatusOr<std::unique_ptr<Daemon>> d = Daemon::Start(options, dir_);
-    ASSERT_TRUE(d.ok()) << d.status();
-    daemon_ = *std::move(d);
+    daemon_ = E2eTest::StartDaemon(options);
+    ASSERT_NE(daemon_, nullptr);
     Connect();
   }
 
@@ -109,14 +108,9 @@ class TenantsTest : public ::testing::Test {
   std::unique_ptr<Worker> StartWorker(int slots, std::vector<std::string> mode) {
     std::vector<std::string> args = {"--token-file", dir_.File("gpu.token")};
     args.insert(args.end(), mode.begin(), mode.end());
-    absl::StatusOr<std::unique_ptr<Worker>> w =
-        Worker::Start(daemon_->address(), {.id = "w1", .slots = slots, .mode = args}, dir_);
-    EXPECT_TRUE(w.ok()) << w.status();
-    return w.ok() ? *std::move(w) : nullptr;
+    return E2eTest::StartWorker(*daemon_, {.id = "w1", .slots = slots, .mode = args});
   }
 
-  TempDir dir_;
-  std::unique_ptr<testing::TestDatabase> db_;
   std::unique_ptr<Daemon> daemon_;
   std::unique_ptr<v1::JobService::Stub> jobs_;
   std::unique_ptr<v1::AdminService::Stub> admin_;
@@ -182,12 +176,19 @@ TEST_F(TenantsTest, AccountsSurviveARestart) {
         return true;
       },
       absl::Seconds(60)));
-  // Research has been served about 20 x 50 ms / weight 3; the leader saves every second.
+  // Research has been served about 20 x 50 ms / weight 3; the leader saves its accounts every
+  // second, so the figure reaches the database within a few.
   const v1::TenantStats* before = TenantIn(Stats(), "research");
   ASSERT_NE(before, nullptr);
   const double cost = before->cost();
   EXPECT_GT(cost, 0.2);
-  absl::SleepFor(absl::Milliseconds(2500));
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return QueryInt(absl::StrFormat("SELECT count(*) FROM fair_accounts WHERE kind = 'tenant' "
+                                        "AND a = 'research' AND abs(value - %.17g) < 1e-9",
+                                        cost)) == 1;
+      },
+      absl::Seconds(10)));
   w.reset();
   ASSERT_TRUE(daemon_->Restart().ok());
   Connect();
