@@ -41,6 +41,11 @@ Scenarios:
           worker: from the client's send to the worker's handler start (both CLOCK_REALTIME on
           this host, from dispatch-loadgen --record and dispatch-worker --start-log); RunSync
           round trip: send to answer. p50, p99 and p999.
+  ceiling PostgreSQL alone on the same writes: the pgbench scripts of bench/ceiling/ on
+          dispatchd's schema, --ceiling-clients (4) clients: claim_complete.sql claims 100 of
+          --jobs queued rows and moves them to jobs_done, insert_claim_complete.sql inserts 100
+          first. jobs/s = pgbench transactions x 100 / seconds. drain and e2e run the matching
+          one beside each run (unless --no-ceiling) and print their jobs/s as a fraction of it.
   security
           drain and latency, each with security off (plaintext loopback, no authentication)
           and on (TLS with an openssl-made P-256 certificate for 127.0.0.1, bearer tokens: a
@@ -64,6 +69,7 @@ Examples:
   python3 bench/bench.py turncost --runs 1                           # ~10 min
   python3 bench/bench.py latency --probes 300 --runs 1
   python3 bench/bench.py security --runs 3                         # ~2 min per run
+  python3 bench/bench.py ceiling --runs 3                            # ~1 min per run
 
 Python 3 standard library only; needs the binaries in build/ (or --build) and psql.
 """
@@ -98,6 +104,7 @@ from harness import (  # noqa: E402
 from measure import (  # noqa: E402
     drain_once, latency_once, median_figures, run_security, security_summary)
 from lab_run import lab_summary, print_lab, run_lab, write_lab_series  # noqa: E402
+import ceiling  # noqa: E402
 
 PEER = os.path.join(os.path.dirname(REPO), "shared", "peers", "graphile-yardstick")
 
@@ -107,7 +114,8 @@ PEER = os.path.join(os.path.dirname(REPO), "shared", "peers", "graphile-yardstic
 
 
 def run_drain(b, i):
-    return drain_once(b, f"drain-{i}", b.args.jobs)
+    out = drain_once(b, f"drain-{i}", b.args.jobs)
+    return ceiling.add_ceiling(b, i, out, "claim_complete", {"jobs_per_s": "fraction_of_ceiling"})
 
 
 def run_backlog(b, i):
@@ -231,7 +239,9 @@ def run_e2e(b, i):
             out[f"{v}_submit_only_cpu_us_per_job"] = apart
             out[f"{v}_cpu_over_parts"] = round(
                 out[f"{v}_cpu_us_per_job"] / (apart + drain["cpu_us_per_job"]), 3)
-    return out
+    return ceiling.add_ceiling(b, i, out, "insert_claim_complete", {
+        "single_completed_per_s": "single_fraction_of_ceiling",
+        "batch_completed_per_s": "batch_fraction_of_ceiling"})
 
 
 def warm_up(b, d, jobs=1000):
@@ -373,7 +383,8 @@ def target_check(key, value):
 
 SCENARIOS = {"drain": run_drain, "backlog": run_backlog, "retained": run_retained,
              "e2e": run_e2e, "submitted": run_submitted, "turncost": run_turncost,
-             "latency": run_latency, "lab": run_lab, "security": run_security}
+             "latency": run_latency, "lab": run_lab, "security": run_security,
+             "ceiling": ceiling.run_ceiling}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -400,7 +411,7 @@ def main():
     p.add_argument("scenario", choices=sorted(SCENARIOS))
     p.add_argument("--runs", type=int, default=3, help="runs per scenario (median reported)")
     p.add_argument("--jobs", type=int, default=100000,
-                   help="drain, retained and backlog's drain, e2e: jobs")
+                   help="drain, retained and backlog's drain, e2e, ceiling: jobs")
     p.add_argument("--workers", type=int, help="reference workers (lab 8, others 4)")
     p.add_argument("--slots", type=int, help="slots per worker (lab 50, others 64)")
     p.add_argument("--backlog", type=int, default=1000000,
@@ -431,6 +442,7 @@ def main():
     p.add_argument("--out", help="write OUT.json and OUT.csv (default bench-SCENARIO-TIME)")
     p.add_argument("--no-peer", action="store_true", help="skip the graphile-worker yardstick")
     p.add_argument("--keep-dbs", action="store_true")
+    ceiling.add_arguments(p)
     g = p.add_argument_group("lab")
     g.add_argument("--tasks", type=int, default=1000, help="tasks per run")
     g.add_argument("--models", type=int, default=10, help="models (one job type each)")
