@@ -1,0 +1,98 @@
+"""bench/ceiling's pgbench scripts stay valid on dispatchd's schema: each runs a handful of
+transactions with pgbench on a fresh database (migrated by the daemon, as bench.py does it), and
+the rows must have moved: jobs_done grew by 100 per transaction, as SUCCEEDED with the result,
+and jobs_active shrank by as many (claim_complete.sql, oldest first) or holds none
+(insert_claim_complete.sql).
+
+Run by ctest (bench_ceiling_scripts, label store) on the `pg` fixture's server:
+DISPATCHD_TEST_PG_URL_FILE names the file holding its URL, DISPATCHD_BIN the daemon.
+"""
+
+import os
+import shutil
+import sys
+import tempfile
+import types
+import unittest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(REPO, "bench"))
+sys.path.insert(0, os.path.join(REPO, "bench", "sched"))
+
+import ceiling  # noqa: E402
+from e2e_pg import Postgres, psql  # noqa: E402
+from harness import Daemon, queue_noop_jobs  # noqa: E402
+
+CLIENTS, TRANSACTIONS = 2, 3  # 600 jobs a script
+MOVED = CLIENTS * TRANSACTIONS * ceiling.BATCH
+
+
+class CeilingScriptsTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        url_file = os.environ.get("DISPATCHD_TEST_PG_URL_FILE")
+        dispatchd = os.environ.get("DISPATCHD_BIN")
+        if not url_file or not os.path.exists(url_file) or not dispatchd:
+            raise unittest.SkipTest("needs ctest's pg fixture (DISPATCHD_TEST_PG_URL_FILE) and "
+                                    "DISPATCHD_BIN")
+        with open(url_file) as f:
+            url = f.read().strip()
+        cls.workdir = tempfile.mkdtemp(prefix="ceiling-test-")
+        # What harness.Daemon needs of bench.py's Bench.
+        cls.bench = types.SimpleNamespace(
+            dispatchd=dispatchd, workdir=cls.workdir, pg=Postgres(cls.workdir, url),
+            args=types.SimpleNamespace(keep_dbs=False, ceiling_clients=CLIENTS,
+                                       ceiling_threads=1, timeout=120))
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.workdir, ignore_errors=True)
+
+    def migrated_db(self, name):
+        """A fresh database with dispatchd's schema: the daemon started once and stopped."""
+        d = Daemon(self.bench, name)
+        self.addCleanup(d.drop)
+        d.start(["noop"])
+        d.stop()
+        return d.url
+
+    def counts(self, url):
+        return [int(x) for x in psql(url, """
+            SELECT (SELECT count(*) FROM jobs_done),
+                   (SELECT count(*) FROM jobs_done WHERE state = 'SUCCEEDED' AND attempt = 1
+                      AND result = 'x'::bytea AND dispatched_at IS NOT NULL
+                      AND worker_id LIKE 'w%'),
+                   (SELECT count(*) FROM jobs_active),
+                   (SELECT count(*) FROM jobs_active WHERE state = 'QUEUED')""")[0]]
+
+    def test_claim_complete_moves_the_oldest_queued_rows(self):
+        url = self.migrated_db("claim_complete")
+        queue_noop_jobs(url, 1000, "noop")
+        p = ceiling.run_pgbench(url, "claim_complete", CLIENTS, 1, TRANSACTIONS, timeout=120)
+        self.assertEqual(p["transactions"], CLIENTS * TRANSACTIONS)
+        self.assertEqual(self.counts(url), [MOVED, MOVED, 1000 - MOVED, 1000 - MOVED])
+        # Claimed in seq order: every row moved is older than every row left.
+        left = psql(url, "SELECT (SELECT max(seq) FROM jobs_done) < "
+                         "(SELECT min(seq) FROM jobs_active)")[0][0]
+        self.assertEqual(left, "t")
+
+    def test_insert_claim_complete_moves_every_row_it_inserts(self):
+        url = self.migrated_db("insert_claim_complete")
+        p = ceiling.run_pgbench(url, "insert_claim_complete", CLIENTS, 1, TRANSACTIONS,
+                                timeout=120)
+        self.assertEqual(p["transactions"], CLIENTS * TRANSACTIONS)
+        self.assertEqual(self.counts(url), [MOVED, MOVED, 0, 0])
+        ids = psql(url, "SELECT count(DISTINCT id), min(length(id)), max(length(id)) "
+                        "FROM jobs_done WHERE id LIKE 'j\\_%'")[0]
+        self.assertEqual(ids, [str(MOVED), "30", "30"])  # the daemon's id format
+
+    def test_ceiling_once_checks_and_reports(self):
+        for script in ceiling.SCRIPTS:
+            r = ceiling.ceiling_once(self.bench, f"once_{script}", script, MOVED)
+            self.assertEqual(r["jobs"], MOVED)
+            self.assertGreater(r["jobs_per_s"], 0)
+            self.assertIn(f"-t {TRANSACTIONS} -f bench/ceiling/{script}.sql", r["command"])
+
+
+if __name__ == "__main__":
+    unittest.main()
