@@ -29,6 +29,7 @@ def drain_once(b, name, jobs, finished=0, security=None):
         if finished:
             keep_finished_jobs(d.url, finished, "noop")
         queue_noop_jobs(d.url, jobs, "noop")
+        wal0 = psql(d.url, "SELECT pg_current_wal_lsn()")[0][0]
         started = time.time()
         load_s = d.start(["noop"])
         busy0, daemon0 = machine_busy(), cpu_seconds(d.proc.pid)
@@ -52,10 +53,14 @@ def drain_once(b, name, jobs, finished=0, security=None):
         n, span, ok = int(row[0]), float(row[1]), int(row[2])
         if ok != n or n != jobs:
             raise BenchError(f"drain: {ok} of {jobs} jobs succeeded ({n} rows); logs in {d.dir}")
+        # What PostgreSQL logged for the drain (the daemon's start included), to set beside the
+        # same figure of its ceiling (ceiling.py).
+        wal = psql(d.url, f"SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '{wal0}')")[0][0]
         out = {"jobs": n, "seconds": round(span, 3), "jobs_per_s": round(n / span),
                "load_s": round(load_s, 2),
                "first_dispatch_s": round(float(row[3]) - started, 2),
-               "daemon_peak_rss_mib": round(peak_rss / 1024, 1)}
+               "daemon_peak_rss_mib": round(peak_rss / 1024, 1),
+               "wal_bytes_per_job": round(float(wal) / n)}
         out.update(cpu_figures("", n, busy0, busy1, {
             "daemon": None if daemon0 is None or daemon1 is None else daemon1 - daemon0,
             "workers": workers_cpu}))
