@@ -11,7 +11,8 @@ Scenarios:
   drain   --jobs no-op jobs (default 100000) queued in the database, then drained by --workers
           reference workers (default 4) x --slots (default 64) in echo mode; jobs/s from the
           first dispatch to the last finish, read from the job rows. Also: the time the daemon
-          took to load the backlog at start, and its peak RSS. Peer: graphile-worker.
+          took to load the backlog at start, and its peak RSS. Peer: graphile-worker. Each run
+          is followed by PostgreSQL's ceiling (see ceiling) and prints its fraction of it.
   lab     seed 001's experiment: --tasks (1000; 95% of 1-5 s, 5% of 20-40 s, from a seeded
           generator) over --models (10) job types, queued in the database, run by --workers (8)
           reference workers x --slots (50) that sleep each task's own duration; the same tasks
@@ -26,7 +27,8 @@ Scenarios:
           answer) and completed (first send to the last finished_at), and the call latency.
           Each run also drains --jobs preloaded jobs (as `drain`, unless --no-drain) and prints
           each flood's completions over that rate; and submits the same jobs to a daemon with
-          no worker, to set each flood's CPU per job against the sum of its parts.
+          no worker, to set each flood's CPU per job against the sum of its parts. And each
+          flood's completions as a fraction of PostgreSQL's ceiling (insert_claim_complete.sql).
   submitted
           a daemon that has served a short queue (1000 jobs through its workers, which then
           stop) takes --jobs jobs by SubmitBatch with no worker connected; then the workers
