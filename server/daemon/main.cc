@@ -116,7 +116,8 @@ absl::StatusOr<std::unique_ptr<store::PgJobStore>> ConnectStore(const config::Co
 void AddMetricsCollectors(const config::LiveConfig& live, const ha::Leadership& leadership) {
   metrics::DaemonMetrics& m = metrics::Metrics();
   m.registry.AddCollector([&live, &leadership, &m] {
-    for (auto* family : {&m.queued, &m.running, &m.rate_tokens, &m.rate_waiting, &m.slots}) {
+    for (auto* family :
+         {&m.queued, &m.queued_paged, &m.running, &m.rate_tokens, &m.rate_waiting, &m.slots}) {
       family->Clear();
     }
     m.model_loads.Clear();
@@ -134,6 +135,10 @@ void AddMetricsCollectors(const config::LiveConfig& live, const ha::Leadership& 
                                       type != nullptr ? type->model : ""};
       m.queued.With(labels).Set(static_cast<double>(t.queued));
       m.running.With(labels).Set(static_cast<double>(t.running));
+      m.queued_paged.With({t.name}).Set(0);
+    }
+    for (const auto& [type, paged] : d->PagedOutByType()) {
+      m.queued_paged.With({type}).Set(static_cast<double>(paged));
     }
     for (const sched::SchedulerStats::Model& model : stats.models) {
       if (model.tokens < 0) continue;  // no rate limit
@@ -176,6 +181,7 @@ class Reloader {
     if (!loaded.ok()) {
       log->error("reload refused, the running config stays in force: {}",
                  loaded.status().message());
+      metrics::Metrics().config_reloads.With({"refused"}).Inc();
       server::NotifySystemd("READY=1\nSTATUS=serving; the last reload was refused (see the log)");
       return absl::FailedPreconditionError(absl::StrCat(
           "reload refused, the running config stays in force: ", loaded.status().message()));
@@ -191,6 +197,7 @@ class Reloader {
           auth::Identities::Load(merged.auth);
       if (!ids.ok()) {
         log->error("reload refused, the running config stays in force: {}", ids.status().message());
+        metrics::Metrics().config_reloads.With({"refused"}).Inc();
         server::NotifySystemd("READY=1\nSTATUS=serving; the last reload was refused (see the log)");
         return absl::FailedPreconditionError(absl::StrCat(
             "reload refused, the running config stays in force: ", ids.status().message()));
@@ -217,6 +224,7 @@ class Reloader {
     out.set_tiers(static_cast<int32_t>(merged.tiers.size()));
     live_.Set(std::move(merged));
     log->info("reloaded config types={} tiers={}", out.types(), out.tiers());
+    metrics::Metrics().config_reloads.With({"applied"}).Inc();
     server::NotifySystemd("READY=1\nSTATUS=serving; config reloaded");
     return out;
   }

@@ -368,6 +368,25 @@ sched::SchedulerStats Dispatcher::SchedulerStats(size_t max_keys) {
   return *out;
 }
 
+std::map<std::string, int64_t> Dispatcher::PagedOutByType() {
+  auto out = std::make_shared<std::map<std::string, int64_t>>();
+  // A late task may still write *out: read it only if the loop ran it in time.
+  if (!RunOnLoop([this, out] {
+        loop_role_.Assert();
+        pager_.ForEachUnheld([&](const QueueId& queue, int64_t unheld) {
+          if (unheld > 0) (*out)[queue.first] += unheld;
+        });
+      })) {
+    return {};
+  }
+  return *out;
+}
+
+void Dispatcher::Repaired(const char* kind) {
+  ++repairs_;
+  metrics::Metrics().accounting_repairs.With({kind}).Inc();
+}
+
 std::optional<sched::WaitInfo> Dispatcher::WhyWaiting(const job::Job& job, bool* paged_out) {
   auto out = std::make_shared<std::optional<sched::WaitInfo>>();
   auto outside = std::make_shared<bool>(false);
@@ -499,7 +518,7 @@ void Dispatcher::Sweep(absl::Time now) {
     next_audit_ = now + kAuditInterval;
     for (const std::string& drift : scheduler_.Audit(/*repair=*/true)) {
       server::Log("dispatch")->error("scheduler count drifted and was repaired: {}", drift);
-      ++repairs_;
+      Repaired(metrics::repair::kCountDrift);
     }
   }
   if (now >= next_reconcile_ && !reconcile_in_flight_) reconcile_due_ = true;

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -110,6 +111,9 @@ class Dispatcher {
   // in line behind the jobs held; `*paged_out` says so (its position is then for the caller to
   // count). Waits for the loop.
   std::optional<sched::WaitInfo> WhyWaiting(const job::Job& job, bool* paged_out = nullptr);
+  // Queued jobs waiting in the database beyond their queue's window, by type (types with none
+  // are left out). Waits for the loop.
+  std::map<std::string, int64_t> PagedOutByType();
   // Changes the rate limit of a model (or of a type without one) until the next config load.
   // False if no configured type uses `rate_key`. Waits for the loop.
   bool SetRateLimit(const std::string& rate_key, config::RateLimit limit);
@@ -272,6 +276,8 @@ class Dispatcher {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   void LoseWorker(const std::string& worker_id, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
+  // Counts a drift found and repaired, of `kind` (metrics::repair): in Stats, and on /metrics.
+  void Repaired(const char* kind);
   // A job whose worker is gone: DISPATCHED returns to the queue, RUNNING follows on_orphan.
   void Orphan(Held& h, const std::string& reason, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);

@@ -233,7 +233,7 @@ void Dispatcher::ApplyClaims(const std::vector<sched::Dispatch>& decisions,
       if (!dropped_in_flight_.contains(d.job_id)) {
         server::Log("dispatch")
             ->error("claimed job={} that is not tracked here: returning it", d.job_id);
-        ++repairs_;
+        Repaired(metrics::repair::kUntrackedClaim);
       }
       scheduler_.Retract(d.job_id);
       stray_returns_.push_back({.job_id = d.job_id, .attempt = d.attempt});
@@ -329,7 +329,7 @@ void Dispatcher::ApplyReconcile(ReconcileReads reads) {
             "it for {}",
             row.id, job::ToString(row.state), row.worker_id,
             absl::FormatDuration(config_.orphan_grace));
-    ++repairs_;
+    Repaired(metrics::repair::kStray);
     HoldPlaced(std::move(row), now);
   }
   // A job held here that ended in the database: dropped.
@@ -341,7 +341,7 @@ void Dispatcher::ApplyReconcile(ReconcileReads reads) {
       server::Log("dispatch")
           ->error("reconcile: {}job={} is {} in the database: dropping it", what, r.job_id,
                   job::ToString(r.state));
-      ++repairs_;
+      Repaired(metrics::repair::kEndedElsewhere);
     }
     Drop(r.job_id, "ended elsewhere", now);
     events_.Publish(r.job_id, r.state);
@@ -378,7 +378,7 @@ void Dispatcher::ApplyReconcile(ReconcileReads reads) {
       if (row.updated_at < settled) {
         server::Log("dispatch")
             ->warn("reconcile: queued job={} was not known here: queuing it", row.id);
-        ++repairs_;
+        Repaired(metrics::repair::kUnknownQueued);
       }
       Keep(std::move(row));
     }

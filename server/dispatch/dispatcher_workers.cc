@@ -11,11 +11,31 @@
 #include "server/convert/job_proto.h"
 #include "server/dispatch/dispatcher.h"
 #include "server/dispatch/dispatcher_internal.h"
+#include "server/metrics/daemon_metrics.h"
 #include "server/util/log.h"
 
 namespace dispatchd::dispatch {
 
 using job::JobState;
+
+namespace {
+
+// The `reason` label of a refusal: the enum's name without its prefix, in lower case; a reason
+// this daemon does not know counts as unspecified, so that the label stays bounded.
+const char* RefusalLabel(v1::Reject::Reason reason) {
+  switch (reason) {
+    case v1::Reject::REASON_RESOURCE_EXHAUSTED:
+      return "resource_exhausted";
+    case v1::Reject::REASON_UNSUPPORTED:
+      return "unsupported";
+    case v1::Reject::REASON_DRAINING:
+      return "draining";
+    default:
+      return "unspecified";
+  }
+}
+
+}  // namespace
 
 void Dispatcher::WorkerConnected(std::shared_ptr<WorkerLink> link, v1::Hello hello) {
   {
@@ -241,6 +261,7 @@ void Dispatcher::OnReject(const std::string& worker_id, const v1::Reject& reject
   server::Log("dispatch")
       ->debug("refused job={} worker={} reason={}", h.job.id, worker_id,
               v1::Reject::Reason_Name(reject.reason()));
+  metrics::Metrics().worker_refusals.With({RefusalLabel(reject.reason())}).Inc();
   scheduler_.Refused(h.job.id);
   if (reject.reason() == v1::Reject::REASON_DRAINING) scheduler_.SetDraining(worker_id, true);
   Owe(h.job.id);  // back to the queue, no attempt consumed
@@ -252,6 +273,7 @@ void Dispatcher::OnResult(const std::string& worker_id, const v1::Result& result
     server::Log("dispatch")
         ->info("discarded stale result job={} attempt={} worker={}", result.job_id(),
                result.attempt(), worker_id);
+    metrics::Metrics().results_discarded.With({}).Inc();
     SendAck(worker_id, result.job_id(), result.attempt());
     return;
   }
@@ -274,6 +296,7 @@ void Dispatcher::OnResult(const std::string& worker_id, const v1::Result& result
     server::Log("dispatch")
         ->info("discarded stale result job={} attempt={} worker={}", result.job_id(),
                result.attempt(), worker_id);
+    metrics::Metrics().results_discarded.With({}).Inc();
     SendAck(worker_id, result.job_id(), result.attempt());
     return;
   }
@@ -356,7 +379,7 @@ void Dispatcher::OnHeartbeat(const std::string& worker_id, const v1::Heartbeat& 
             "worker={} has not reported job={} attempt={} in {} heartbeats: treating it as lost "
             "there",
             worker_id, id, attempt, kHeartbeatMissesToLose);
-    ++repairs_;
+    Repaired(metrics::repair::kLostOnWorker);
     SendCancel(worker_id, id, attempt, "not reported by its worker");
     Orphan(h, absl::StrCat("worker ", worker_id, " stopped reporting it"), now);
   }
@@ -380,7 +403,7 @@ void Dispatcher::OnHeartbeat(const std::string& worker_id, const v1::Heartbeat& 
       server::Log("dispatch")
           ->warn("worker={} runs job={} attempt={} that is not its own: stopping it", worker_id, id,
                  attempt);
-      ++repairs_;
+      Repaired(metrics::repair::kNotOwn);
     } else {
       // The job ended (its cancel may have been lost with an old stream): just stop it.
       server::Log("dispatch")

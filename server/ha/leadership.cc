@@ -9,6 +9,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 
+#include "server/metrics/daemon_metrics.h"
 #include "server/util/log.h"
 
 namespace dispatchd::ha {
@@ -256,6 +257,7 @@ bool Leadership::TryLead(absl::Time now) {
   if (!record->holder.empty() && record->holder != options_.daemon_id &&
       record->since_renewal > config_.ha.lease) {
     absl::StatusOr<int> ended = lease_->Evict(ApplicationName(record->holder));
+    metrics::Metrics().lease_lapses.With({}).Inc();
     server::Log("ha")->warn(
         "leader {} (epoch {}) has not renewed its lease for {}: ended {} of its sessions",
         record->holder, record->epoch, absl::FormatDuration(record->since_renewal),
@@ -304,6 +306,8 @@ void Leadership::Promote(int64_t epoch, absl::Time now) {
     return;
   }
   watched_.clear();
+  // Counted before the term is shown, so that whoever sees this daemon lead sees the term.
+  metrics::Metrics().leader_terms.With({}).Inc();
   std::shared_ptr<const config::Config> missed;  // a reload while the term was starting
   {
     absl::MutexLock l(&mu_);
@@ -329,6 +333,7 @@ void Leadership::Demote(const std::string& why) {
   epoch_ = 0;
   if (d != nullptr) d->Stop();
   server::Log("ha")->warn("stepped down epoch={}: {}", epoch, why);
+  metrics::Metrics().leader_step_downs.With({}).Inc();
 }
 
 void Leadership::PollWatched() {

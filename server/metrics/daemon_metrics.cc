@@ -62,7 +62,59 @@ DaemonMetrics::DaemonMetrics()
           "dispatchd_auth_refusals_total",
           "Calls refused before their handler ran, by reason: no_credentials, bad_token, "
           "unknown_certificate, malformed (UNAUTHENTICATED) or role (PERMISSION_DENIED).",
-          {"reason"})) {}
+          {"reason"})),
+      config_reloads(registry.AddCounter(
+          "dispatchd_config_reloads_total",
+          "Config reloads (SIGHUP or AdminService.Reload), by outcome: applied or refused (the "
+          "running config stays in force).",
+          {"outcome"})),
+      leader_terms(registry.AddCounter("dispatchd_leader_terms_total",
+                                       "Terms this daemon began as leader, its jobs loaded.")),
+      leader_step_downs(registry.AddCounter(
+          "dispatchd_leader_step_downs_total",
+          "Times this daemon stepped down as leader: its lease could not be renewed in time, its "
+          "database session was lost, or it is stopping.")),
+      lease_lapses(registry.AddCounter(
+          "dispatchd_leader_lease_lapses_total",
+          "Times this daemon, as a standby, found the leader had not renewed its lease for a "
+          "whole lease and ended the leader's database sessions.")),
+      worker_redirects(registry.AddCounter(
+          "dispatchd_worker_redirects_total",
+          "Worker streams this daemon, as a standby, answered with the leader's address.")),
+      accounting_repairs(registry.AddCounter(
+          "dispatchd_accounting_repairs_total",
+          "Drifts the leader found and repaired, by kind: lost_on_worker, not_own, "
+          "untracked_claim, stray, ended_elsewhere, unknown_queued, count_drift.",
+          {"kind"})),
+      results_discarded(registry.AddCounter(
+          "dispatchd_results_discarded_total",
+          "Results of an attempt that is no longer current (the job ended or was retried): "
+          "acknowledged and dropped.")),
+      worker_refusals(registry.AddCounter(
+          "dispatchd_worker_refusals_total",
+          "Assignments a worker refused, by reason: resource_exhausted, unsupported, draining or "
+          "unspecified. The job goes back to the queue with no attempt used.",
+          {"reason"})),
+      partitions_dropped(registry.AddCounter(
+          "dispatchd_retention_partitions_dropped_total",
+          "Partitions of ended jobs dropped once wholly older than the retention.")),
+      queued_paged(registry.AddGauge(
+          "dispatchd_jobs_queued_paged",
+          "Queued jobs left in the database beyond their queue's window (scheduler.queue_window), "
+          "by type; part of dispatchd_jobs_queued.",
+          {"type"})) {
+  // Every value of a bounded label is shown from the start, at 0, so that a rate over the first
+  // occurrence is not lost and a dashboard has a series to draw.
+  for (const char* outcome : {"applied", "refused"}) config_reloads.With({outcome});
+  for (const char* kind :
+       {repair::kLostOnWorker, repair::kNotOwn, repair::kUntrackedClaim, repair::kStray,
+        repair::kEndedElsewhere, repair::kUnknownQueued, repair::kCountDrift}) {
+    accounting_repairs.With({kind});
+  }
+  for (const char* reason : {"resource_exhausted", "unsupported", "draining", "unspecified"}) {
+    worker_refusals.With({reason});
+  }
+}
 
 DaemonMetrics& Metrics() {
   static DaemonMetrics* m = new DaemonMetrics();

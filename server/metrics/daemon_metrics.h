@@ -40,7 +40,41 @@ struct DaemonMetrics {
   Family<Gauge>& leader;         // 1 while this daemon leads
   // Calls refused by authentication or authorization, by reason
   Family<Counter>& auth_refusals;
+  // Config reloads (SIGHUP or AdminService.Reload), by outcome: applied or refused.
+  Family<Counter>& config_reloads;
+  // Leadership: terms this daemon began (its jobs loaded), terms it stepped down from, leaders
+  // it found past their lease as a standby (and ended their sessions), worker streams it sent
+  // to the leader as a standby.
+  Family<Counter>& leader_terms;
+  Family<Counter>& leader_step_downs;
+  Family<Counter>& lease_lapses;
+  Family<Counter>& worker_redirects;
+  // Drifts the leader's dispatcher found and repaired, by kind (`repair` below).
+  Family<Counter>& accounting_repairs;
+  // Results of an attempt that is not current (the job ended, or was retried): acknowledged so
+  // the worker stops resending, and dropped.
+  Family<Counter>& results_discarded;
+  // Assignments a worker refused (Reject), by reason: resource_exhausted, unsupported, draining,
+  // unspecified.
+  Family<Counter>& worker_refusals;
+  // Partitions of ended jobs dropped once past `retention`.
+  Family<Counter>& partitions_dropped;
+  // Collected at scrape: queued jobs left in the database beyond their queue's window, by type
+  // (a part of `queued`; the rest are held in memory).
+  Family<Gauge>& queued_paged;
 };
+
+// The kinds of `accounting_repairs`, one per way the dispatcher's view and the truth (a worker's
+// heartbeats, the database, its own recount) can part.
+namespace repair {
+inline constexpr char kLostOnWorker[] = "lost_on_worker";     // a worker stopped reporting a job
+inline constexpr char kNotOwn[] = "not_own";                  // a worker ran a job not its own
+inline constexpr char kUntrackedClaim[] = "untracked_claim";  // claimed a job no longer held
+inline constexpr char kStray[] = "stray";                     // a placed row not known here
+inline constexpr char kEndedElsewhere[] = "ended_elsewhere";  // a held job ended in the database
+inline constexpr char kUnknownQueued[] = "unknown_queued";    // a queued row not known here
+inline constexpr char kCountDrift[] = "count_drift";          // a scheduler count was off
+}  // namespace repair
 
 // The process-wide instance.
 DaemonMetrics& Metrics();

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 
+#include "server/metrics/daemon_metrics.h"
 #include "server/rpc/raw_call.h"
 #include "server/util/grpc_status.h"
 #include "server/util/log.h"
@@ -153,6 +154,7 @@ class WorkerStream final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc
             : absl::StrCat("this daemon is a standby; the leader is at ", leader.address));
     server::Log("grpc")->debug("worker redirected peer={} leader={}", link_->peer(),
                                leader.address);
+    metrics::Metrics().worker_redirects.With({}).Inc();
     std::string message = r->message();
     Send(msg);
     Close(absl::UnavailableError(message));

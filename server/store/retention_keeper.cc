@@ -4,6 +4,7 @@
 
 #include "absl/status/statusor.h"
 
+#include "server/metrics/daemon_metrics.h"
 #include "server/util/log.h"
 
 namespace dispatchd::store {
@@ -50,6 +51,7 @@ void RetentionKeeper::Run() {
     } else if (*dropped > 0) {
       server::Log("store")->info("dropped {} partitions of jobs that ended more than {} ago",
                                  *dropped, absl::FormatDuration(store_.retention()));
+      metrics::Metrics().partitions_dropped.With({}).Inc(*dropped);
     }
   }
 }
