@@ -311,7 +311,10 @@ void Scheduler::AddQueued(SchedulerStats& stats, const std::string& type,
   if (t == types_.end() || n == 0) return;
   const TypeState& ts = *t->second;
   for (SchedulerStats::Type& out : stats.types) {
-    if (out.name == ts.name) out.queued += n;
+    if (out.name == ts.name) {
+      out.queued += n;
+      out.queued_outside += n;
+    }
   }
   for (SchedulerStats::Tier& out : stats.tiers) {
     if (ts.tier != nullptr && out.name == ts.tier->name && out.priority == ts.tier->priority) {

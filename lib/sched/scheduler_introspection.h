@@ -80,6 +80,9 @@ struct SchedulerStats {
     std::string name;
     int64_t queued = 0, running = 0;
     WaitReason head = WaitReason::kNone;
+    // Of `queued`, those added by AddQueued: jobs the caller keeps outside the scheduler (the
+    // dispatcher's pager leaves them in the database).
+    int64_t queued_outside = 0;
   };
   struct Model {
     std::string name;  // a model, or a rate-limited type with no model

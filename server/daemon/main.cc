@@ -135,10 +135,7 @@ void AddMetricsCollectors(const config::LiveConfig& live, const ha::Leadership& 
                                       type != nullptr ? type->model : ""};
       m.queued.With(labels).Set(static_cast<double>(t.queued));
       m.running.With(labels).Set(static_cast<double>(t.running));
-      m.queued_paged.With({t.name}).Set(0);
-    }
-    for (const auto& [type, paged] : d->PagedOutByType()) {
-      m.queued_paged.With({type}).Set(static_cast<double>(paged));
+      m.queued_paged.With({t.name}).Set(static_cast<double>(t.queued_outside));
     }
     for (const sched::SchedulerStats::Model& model : stats.models) {
       if (model.tokens < 0) continue;  // no rate limit

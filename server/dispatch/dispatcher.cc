@@ -368,20 +368,6 @@ sched::SchedulerStats Dispatcher::SchedulerStats(size_t max_keys) {
   return *out;
 }
 
-std::map<std::string, int64_t> Dispatcher::PagedOutByType() {
-  auto out = std::make_shared<std::map<std::string, int64_t>>();
-  // A late task may still write *out: read it only if the loop ran it in time.
-  if (!RunOnLoop([this, out] {
-        loop_role_.Assert();
-        pager_.ForEachUnheld([&](const QueueId& queue, int64_t unheld) {
-          if (unheld > 0) (*out)[queue.first] += unheld;
-        });
-      })) {
-    return {};
-  }
-  return *out;
-}
-
 void Dispatcher::Repaired(const char* kind) {
   ++repairs_;
   metrics::Metrics().accounting_repairs.With({kind}).Inc();

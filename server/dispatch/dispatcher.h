@@ -3,7 +3,6 @@
 #include <atomic>
 #include <deque>
 #include <functional>
-#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -111,9 +110,6 @@ class Dispatcher {
   // in line behind the jobs held; `*paged_out` says so (its position is then for the caller to
   // count). Waits for the loop.
   std::optional<sched::WaitInfo> WhyWaiting(const job::Job& job, bool* paged_out = nullptr);
-  // Queued jobs waiting in the database beyond their queue's window, by type (types with none
-  // are left out). Waits for the loop.
-  std::map<std::string, int64_t> PagedOutByType();
   // Changes the rate limit of a model (or of a type without one) until the next config load.
   // False if no configured type uses `rate_key`. Waits for the loop.
   bool SetRateLimit(const std::string& rate_key, config::RateLimit limit);

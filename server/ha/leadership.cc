@@ -257,7 +257,7 @@ bool Leadership::TryLead(absl::Time now) {
   if (!record->holder.empty() && record->holder != options_.daemon_id &&
       record->since_renewal > config_.ha.lease) {
     absl::StatusOr<int> ended = lease_->Evict(ApplicationName(record->holder));
-    metrics::Metrics().lease_lapses.With({}).Inc();
+    if (ended.ok()) metrics::Metrics().lease_lapses.With({}).Inc();
     server::Log("ha")->warn(
         "leader {} (epoch {}) has not renewed its lease for {}: ended {} of its sessions",
         record->holder, record->epoch, absl::FormatDuration(record->since_renewal),
@@ -333,7 +333,9 @@ void Leadership::Demote(const std::string& why) {
   epoch_ = 0;
   if (d != nullptr) d->Stop();
   server::Log("ha")->warn("stepped down epoch={}: {}", epoch, why);
-  metrics::Metrics().leader_step_downs.With({}).Inc();
+  // A term lost while its jobs were still loading was never counted as begun (Promote), so its
+  // end is not counted either: step-downs never outnumber terms.
+  if (d != nullptr) metrics::Metrics().leader_step_downs.With({}).Inc();
 }
 
 void Leadership::PollWatched() {

@@ -72,8 +72,9 @@ DaemonMetrics::DaemonMetrics()
                                        "Terms this daemon began as leader, its jobs loaded.")),
       leader_step_downs(registry.AddCounter(
           "dispatchd_leader_step_downs_total",
-          "Times this daemon stepped down as leader: its lease could not be renewed in time, its "
-          "database session was lost, or it is stopping.")),
+          "Times this daemon stepped down from a term counted in dispatchd_leader_terms_total: "
+          "its lease could not be renewed in time, its database session was lost, or it is "
+          "stopping.")),
       lease_lapses(registry.AddCounter(
           "dispatchd_leader_lease_lapses_total",
           "Times this daemon, as a standby, found the leader had not renewed its lease for a "
@@ -88,7 +89,8 @@ DaemonMetrics::DaemonMetrics()
           {"kind"})),
       results_discarded(registry.AddCounter(
           "dispatchd_results_discarded_total",
-          "Results of an attempt that is no longer current (the job ended or was retried): "
+          "Results of an attempt that is no longer current (the job ended or was retried), or of "
+          "a job no longer held here (a result resent after its acknowledgement was lost): "
           "acknowledged and dropped.")),
       worker_refusals(registry.AddCounter(
           "dispatchd_worker_refusals_total",
