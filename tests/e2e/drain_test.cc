@@ -61,8 +61,9 @@ TEST_F(DrainTest, DrainedWorkerFinishesItsJobsTakesNoMoreAndExits) {
   ASSERT_EQ(workers->size(), 1u);
   EXPECT_TRUE((*workers)[0].draining());
 
-  // A job queued now waits: the only worker is draining. The scheduler says so before the two
-  // jobs it runs can end.
+  // A job queued now waits, and the scheduler has seen it: its only worker is busy with the two
+  // jobs it finishes before it leaves. That the draining worker takes nothing more is shown
+  // below, when this job runs on the next worker.
   absl::StatusOr<std::string> later = daemon.Submit(Spec("echo", "later"));
   ASSERT_TRUE(later.ok()) << later.status();
   ASSERT_TRUE(WaitFor([&] { return EchoWaitReason(daemon) == "workers_busy"; }, absl::Seconds(10)))
