@@ -71,7 +71,7 @@ Examples:
   python3 bench/bench.py turncost --runs 1                           # ~10 min
   python3 bench/bench.py latency --probes 300 --runs 1
   python3 bench/bench.py security --runs 3                         # ~2 min per run
-  python3 bench/bench.py ceiling --runs 3                            # ~1 min per run
+  python3 bench/bench.py ceiling --runs 3                            # ~30 s per run
 
 Python 3 standard library only; needs the binaries in build/ (or --build) and psql.
 """
