@@ -20,12 +20,8 @@ using DrainTest = E2eTest;
 
 // The scheduler's reason for the first queued echo job to wait, or "" if Stats fails.
 std::string EchoWaitReason(Daemon& daemon) {
-  absl::StatusOr<v1::StatsResponse> stats = daemon.Stats();
-  if (!stats.ok()) return "";
-  for (const v1::TypeStats& t : stats->types()) {
-    if (t.type() == "echo") return t.head_wait_reason();
-  }
-  return "";
+  absl::StatusOr<v1::TypeStats> echo = daemon.TypeStats("echo");
+  return echo.ok() ? echo->head_wait_reason() : "";
 }
 
 TEST_F(DrainTest, DrainedWorkerFinishesItsJobsTakesNoMoreAndExits) {

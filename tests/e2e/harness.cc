@@ -377,6 +377,15 @@ absl::StatusOr<v1::StatsResponse> Daemon::Stats() {
   return resp;
 }
 
+absl::StatusOr<v1::TypeStats> Daemon::TypeStats(const std::string& type) {
+  absl::StatusOr<v1::StatsResponse> stats = Stats();
+  if (!stats.ok()) return stats.status();
+  for (const v1::TypeStats& t : stats->types()) {
+    if (t.type() == type) return t;
+  }
+  return absl::NotFoundError(absl::StrCat("Stats has no entry for type ", type));
+}
+
 bool Daemon::WaitForWorkers(int n, absl::Duration timeout) {
   return WaitFor(
       [&] {

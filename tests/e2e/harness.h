@@ -143,6 +143,8 @@ class Daemon {
   absl::StatusOr<v1::Job> Status(const std::string& job_id);
   absl::StatusOr<std::vector<v1::WorkerInfo>> Workers();
   absl::StatusOr<v1::StatsResponse> Stats();
+  // The entry of Stats for job type `type`: NotFound if Stats has none for it.
+  absl::StatusOr<v1::TypeStats> TypeStats(const std::string& type);
   // Waits until `n` workers are connected.
   bool WaitForWorkers(int n, absl::Duration timeout = absl::Seconds(30));
   // Waits until every job in `ids` is terminal; fills `out` with the final records.

@@ -64,12 +64,10 @@ class ReloadTest : public E2eTest {
 
   // Jobs of `type` the daemon has dispatched so far (placed now, or ended); -1 if Stats fails.
   int64_t Dispatched(const std::string& type) {
-    absl::StatusOr<v1::StatsResponse> stats = daemon_->Stats();
-    if (!stats.ok()) return -1;
-    for (const v1::TypeStats& t : stats->types()) {
-      if (t.type() == type) return t.dispatched() + t.running() + t.succeeded() + t.failed();
-    }
-    return 0;
+    absl::StatusOr<v1::TypeStats> t = daemon_->TypeStats(type);
+    if (absl::IsNotFound(t.status())) return 0;
+    if (!t.ok()) return -1;
+    return t->dispatched() + t->running() + t->succeeded() + t->failed();
   }
 
   std::vector<std::string> SubmitMany(const std::string& type, int n) {
