@@ -37,7 +37,7 @@ SCRIPTS = {"claim_complete": True, "insert_claim_complete": False}
 # The daemon's planner settings (kPinPointPlans in server/store/pg_statements.h): point plans
 # whatever the statistics say, which matters most to a table that pgbench empties as it runs.
 PIN_POINT_PLANS = ("-c enable_seqscan=off -c enable_bitmapscan=off -c enable_hashjoin=off "
-                   "-c enable_mergejoin=off -c enable_material=off")
+                   "-c enable_mergejoin=off -c enable_material=off -c jit=off")
 
 HOW = "pgbench transactions x 100 / pgbench's seconds (tps without initial connection time x 100)"
 

@@ -516,12 +516,15 @@ inline constexpr Statement kAllStatements[] = {
 
 // Pins a session's planner to point plans (Access::kPoint): index and TID scans joined by nested
 // loops. Each setting adds a cost penalty rather than a ban, so a statement that has no other
-// way still runs.
+// way still runs. That penalty (1e10) would also lift such a plan far above jit_above_cost, and
+// PostgreSQL would compile it, inlined and optimized, on every run: some 200 ms of CPU for a
+// statement of microseconds (forget_accounts, once a second). The daemon's statements are all
+// short, so its sessions compile none (jit off), scans (kUnpinForScan) included.
 inline constexpr char kPinPointPlans[] =
     "SET enable_seqscan = off; SET enable_bitmapscan = off; SET enable_hashjoin = off; "
-    "SET enable_mergejoin = off; SET enable_material = off";
+    "SET enable_mergejoin = off; SET enable_material = off; SET jit = off";
 
-// Gives the planner back what kPinPointPlans took, for the transaction it runs in.
+// Gives the planner back what kPinPointPlans took, for the transaction it runs in (JIT stays off).
 inline constexpr char kUnpinForScan[] =
     "SET LOCAL enable_seqscan TO DEFAULT; SET LOCAL enable_bitmapscan TO DEFAULT; "
     "SET LOCAL enable_hashjoin TO DEFAULT; SET LOCAL enable_mergejoin TO DEFAULT; "
