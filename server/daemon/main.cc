@@ -348,7 +348,7 @@ int Run(int argc, char** argv) {
   RealClock clock;
   dispatch::JobEvents events;
   sched::AdmissionGate admission(config);
-  server::Executor executor(config.postgres.pool_size * 2);
+  server::Executor executor("store-reads", config.postgres.pool_size * 2);
   ha::Leadership leadership(config, ha::LeadershipOptions{.url = url, .daemon_id = daemon_id},
                             **store, clock, events, admission);
   store::GroupInserter inserter(**store, store::GroupInserter::Options{});

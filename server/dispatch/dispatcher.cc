@@ -12,6 +12,7 @@
 #include "server/dispatch/fair_accounts.h"
 #include "server/metrics/daemon_metrics.h"
 #include "server/util/log.h"
+#include "server/util/thread_name.h"
 
 namespace dispatchd::dispatch {
 
@@ -76,7 +77,10 @@ absl::Status Dispatcher::Start() {
           absl::FormatDuration(config_.orphan_grace));
   next_reconcile_ = now + kReconcileInterval;
   writer_ = std::make_unique<TurnWriter>(store_, kWriterThreads);
-  loop_ = std::thread([this] { Loop(); });
+  loop_ = std::thread([this] {
+    server::SetThreadName("dispatch-loop");
+    Loop();
+  });
   return absl::OkStatus();
 }
 

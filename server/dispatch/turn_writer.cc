@@ -28,7 +28,8 @@ absl::Status TurnResult::first_error() const {
   return absl::OkStatus();
 }
 
-TurnWriter::TurnWriter(store::JobStore& store, int threads) : store_(store), executor_(threads) {}
+TurnWriter::TurnWriter(store::JobStore& store, int threads)
+    : store_(store), executor_("turn-writer", threads) {}
 
 TurnWriter::~TurnWriter() = default;
 

@@ -11,6 +11,7 @@
 
 #include "server/metrics/daemon_metrics.h"
 #include "server/util/log.h"
+#include "server/util/thread_name.h"
 
 namespace dispatchd::ha {
 namespace {
@@ -51,7 +52,10 @@ absl::Status Leadership::Start(std::string address) {
     return absl::UnavailableError("leader election: the database session failed at once");
   }
   database_ok_.store(true);
-  thread_ = std::thread([this] { Loop(); });
+  thread_ = std::thread([this] {
+    server::SetThreadName("leadership");
+    Loop();
+  });
   return absl::OkStatus();
 }
 

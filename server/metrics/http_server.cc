@@ -4,6 +4,8 @@
 #include "absl/strings/str_cat.h"
 #include <httplib.h>
 
+#include "server/util/thread_name.h"
+
 namespace dispatchd::metrics {
 
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const std::string& listen,
@@ -35,7 +37,10 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const std::string&
   }
   s->address_ = absl::StrCat(listen.substr(0, colon), ":", port);
   httplib::Server* server = s->server_.get();
-  s->thread_ = std::thread([server] { server->listen_after_bind(); });
+  s->thread_ = std::thread([server] {
+    server::SetThreadName("metrics-http");
+    server->listen_after_bind();
+  });
   return s;
 }
 

@@ -9,13 +9,18 @@
 #include "absl/time/clock.h"
 
 #include "server/metrics/daemon_metrics.h"
+#include "server/util/thread_name.h"
 
 namespace dispatchd::store {
 
 GroupInserter::GroupInserter(JobStore& store, Options options) : store_(store), options_(options) {
   const int n = std::max(1, options_.flushers);
   threads_.reserve(n);
-  for (int i = 0; i < n; ++i) threads_.emplace_back([this] { Run(); });
+  for (int i = 0; i < n; ++i)
+    threads_.emplace_back([this] {
+      server::SetThreadName("insert-flush");
+      Run();
+    });
 }
 
 GroupInserter::~GroupInserter() { Stop(); }

@@ -6,11 +6,15 @@
 
 #include "server/metrics/daemon_metrics.h"
 #include "server/util/log.h"
+#include "server/util/thread_name.h"
 
 namespace dispatchd::store {
 
 RetentionKeeper::RetentionKeeper(PgJobStore& store) : store_(store) {
-  thread_ = std::thread([this] { Run(); });
+  thread_ = std::thread([this] {
+    server::SetThreadName("retention");
+    Run();
+  });
 }
 
 RetentionKeeper::~RetentionKeeper() { Stop(); }

@@ -1,11 +1,19 @@
 #include "server/util/executor.h"
 
+#include <string>
 #include <utility>
+
+#include "server/util/thread_name.h"
 
 namespace dispatchd::server {
 
-Executor::Executor(int threads) {
-  for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Run(); });
+Executor::Executor(absl::string_view name, int threads) {
+  for (int i = 0; i < threads; ++i) {
+    threads_.emplace_back([this, name = std::string(name)] {
+      SetThreadName(name);
+      Run();
+    });
+  }
 }
 
 Executor::~Executor() {

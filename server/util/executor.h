@@ -2,20 +2,23 @@
 
 #include <deque>
 #include <functional>
+#include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 
 namespace dispatchd::server {
 
 // A fixed pool of threads for work that blocks (database calls made on behalf of RPCs), so that
 // gRPC's callback threads never wait on I/O. Tasks run in submission order per thread, with no
-// ordering across threads. The destructor runs the tasks already queued, then joins.
+// ordering across threads. The destructor runs the tasks already queued, then joins. Its threads
+// are named `name` (server::SetThreadName).
 // Thread-safe.
 class Executor {
  public:
-  explicit Executor(int threads);
+  Executor(absl::string_view name, int threads);
   ~Executor();
   Executor(const Executor&) = delete;
   Executor& operator=(const Executor&) = delete;

@@ -2,12 +2,15 @@
 
 #include <utility>
 
+#include "server/util/thread_name.h"
+
 namespace dispatchd::server {
 
 Ticker::Ticker(absl::Duration period, std::function<void()> tick)
     : period_(period), tick_(std::move(tick)) {
   if (period_ <= absl::ZeroDuration()) return;
   thread_ = std::thread([this] {
+    SetThreadName("ticker");
     while (true) {
       tick_();
       absl::MutexLock l(&mu_);
