@@ -21,7 +21,7 @@ namespace {
 
 using job::JobState;
 
-// RunSync: queue the job, then finish when it reaches a terminal state, re-reading the row.
+// RunSync: queue the job, then finish when it reaches a terminal state, reading the row once.
 // Work runs on the executor; OnDone waits for tasks still holding `this` before deleting it.
 class RunSyncReactor final : public grpc::ServerUnaryReactor {
  public:
@@ -51,8 +51,8 @@ class RunSyncReactor final : public grpc::ServerUnaryReactor {
       mu_.Await(absl::Condition(
           +[](int* n) { return *n == 0; }, &in_flight_));
     }
-    // Only now is token_ final (the insert's completion subscribes); a callback that fires
-    // before Unsubscribe returns finds done_ set and schedules nothing.
+    // Only now is token_ final (the insert's completion may follow another job); a callback
+    // that fires before Unsubscribe returns finds done_ set and schedules nothing.
     if (token_ != 0) events_.Unsubscribe(token_);
     delete this;
   }
@@ -89,35 +89,43 @@ class RunSyncReactor final : public grpc::ServerUnaryReactor {
       FinishLocked(server::ToGrpcStatus(jobs.status()));
       return;
     }
+    // Subscribed before the row is written, so that no change of the new job can be missed:
+    // nothing is published of a job before its insert commits. The row is read only once the
+    // job ends, not also to learn whether it ended before a subscription.
+    std::string id = jobs->jobs[0].id;
+    Follow(id);
     {
       absl::MutexLock l(&mu_);
       ++in_flight_;
     }
     service.Enqueue(*std::move(jobs),
-                    [this](absl::StatusOr<std::vector<store::InsertOutcome>> outcomes) {
-                      if (outcomes.ok()) {
-                        Queued((*outcomes)[0].job_id);
-                      } else {
+                    [this, id](absl::StatusOr<std::vector<store::InsertOutcome>> outcomes) {
+                      if (!outcomes.ok()) {
                         absl::MutexLock l(&mu_);
                         FinishLocked(server::ToGrpcStatus(outcomes.status()));
+                      } else if (const store::InsertOutcome& o = (*outcomes)[0];
+                                 o.deduplicated || o.job_id != id) {
+                        // The idempotency key names an existing job, which may have ended
+                        // already: follow it, and read it once now.
+                        Follow(o.job_id);
+                        Run([this] { CompleteIfDone(); });
                       }
                       absl::MutexLock l(&mu_);
                       --in_flight_;
                     });
   }
 
-  // The row is committed: wait for the job to end. Runs on the inserter's thread, so the store
-  // is read on the executor.
-  void Queued(const std::string& job_id) {
+  // Waits for `job_id` to end: from now on its terminal change reads the row and answers. Runs
+  // on the executor (from Begin) or on the inserter's thread, never on both at once.
+  void Follow(const std::string& job_id) {
     {
       absl::MutexLock l(&mu_);
       job_id_ = job_id;
     }
+    if (token_ != 0) events_.Unsubscribe(token_);
     token_ = events_.Subscribe(job_id, [this](JobState state) {
       if (job::IsTerminal(state)) Run([this] { CompleteIfDone(); });
     });
-    // The job may have ended before the subscription (a fast worker, or a deduplicated job).
-    Run([this] { CompleteIfDone(); });
   }
 
   void CompleteIfDone() {
