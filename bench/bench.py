@@ -56,6 +56,11 @@ Scenarios:
           ones; the latency probes of both at the same time, each against its own daemon, so
           that other load on the machine falls on both alike. The medians of each, the
           drain's on/off ratio and the latencies' differences on - off.
+  profile where each microsecond of a job goes, for each way jobs arrive (preloaded drain,
+          Submit flood, SubmitBatch flood, RunSync): CPU per job by process (the daemon by
+          thread, workers, load generator, PostgreSQL by process kind, the rest), WAL records
+          and bytes and commits per job, and pg_stat_statements' table per job (see
+          bench/cost_profile.py).
 
 e2e and latency fail unless every job the clients were answered for exists, SUCCEEDED at its
 first attempt and was started by a worker exactly once, and no other job exists.
@@ -72,6 +77,7 @@ Examples:
   python3 bench/bench.py latency --probes 300 --runs 1
   python3 bench/bench.py security --runs 3                         # ~2 min per run
   python3 bench/bench.py ceiling --runs 3                            # ~30 s per run
+  python3 bench/bench.py profile --runs 3                            # ~2 min per run
 
 Python 3 standard library only; needs the binaries in build/ (or --build) and psql.
 """
@@ -107,6 +113,7 @@ from measure import (  # noqa: E402
     drain_once, latency_once, median_figures, run_security, security_summary)
 from lab_run import lab_summary, print_lab, run_lab, write_lab_series  # noqa: E402
 import ceiling  # noqa: E402
+import cost_profile as profile  # noqa: E402
 
 PEER = os.path.join(os.path.dirname(REPO), "shared", "peers", "graphile-yardstick")
 
@@ -386,7 +393,7 @@ def target_check(key, value):
 SCENARIOS = {"drain": run_drain, "backlog": run_backlog, "retained": run_retained,
              "e2e": run_e2e, "submitted": run_submitted, "turncost": run_turncost,
              "latency": run_latency, "lab": run_lab, "security": run_security,
-             "ceiling": ceiling.run_ceiling}
+             "ceiling": ceiling.run_ceiling, "profile": profile.run_profile}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -445,6 +452,7 @@ def main():
     p.add_argument("--no-peer", action="store_true", help="skip the graphile-worker yardstick")
     p.add_argument("--keep-dbs", action="store_true")
     ceiling.add_arguments(p)
+    profile.add_arguments(p)
     g = p.add_argument_group("lab")
     g.add_argument("--tasks", type=int, default=1000, help="tasks per run")
     g.add_argument("--models", type=int, default=10, help="models (one job type each)")
@@ -472,11 +480,13 @@ def main():
     args.slots = args.slots or defaults[1]
     if args.pg_url is None:
         os.environ["DISPATCHD_PG_DURABLE"] = "1"
+        if args.scenario == "profile":
+            os.environ["DISPATCHD_PG_OPTIONS"] = profile.PG_OPTIONS
     b = Bench(args)
     signal.signal(signal.SIGTERM, lambda s, f: sys.exit(128 + s))
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     load_before = os.getloadavg()
-    details = []
+    details, tables = [], []  # lab's series, profile's statement tables
     try:
         b.pg.start()
         runs = []
@@ -484,6 +494,8 @@ def main():
             r = SCENARIOS[args.scenario](b, i)
             if "detail" in r:
                 details.append(r.pop("detail"))
+            if "tables" in r:
+                tables.append(r.pop("tables"))
             shown = {k: v for k, v in r.items()
                      if args.scenario != "lab" or k.endswith(("makespan_s", "rate_steady_per_s"))}
             log(f"{args.scenario} run {i}: " + " ".join(f"{k}={v}" for k, v in shown.items()))
@@ -516,6 +528,8 @@ def main():
             print(f"  {k:<{width}}  {v}" + (f"    ({text})" if text else ""))
             if record:
                 targets[k] = record
+    if tables:
+        profile.print_tables(tables[-1], len(tables))
     if peer:
         # The target compares medians; the ratio to the peer's best run is shown beside it.
         ratio = med["jobs_per_s"] / peer["median"]
@@ -535,7 +549,7 @@ def main():
     out = args.out or f"bench-{args.scenario}-{time.strftime('%Y%m%d-%H%M%S')}"
     doc = {"scenario": args.scenario, "command": command, "started": started,
            "machine": machine_info(), "args": vars(args), "runs": runs, "median": med,
-           "targets": targets, "peer": peer,
+           "targets": targets, "peer": peer, "tables": tables,
            # Other work on the machine: the 1, 5 and 15 min load averages before and after.
            "loadavg": {"before": load_before, "after": os.getloadavg()}}
     with open(out + ".json", "w") as f:

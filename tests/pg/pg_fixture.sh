@@ -13,7 +13,8 @@
 # previous, interrupted run recorded in STATE_DIR is stopped before a new one starts.
 # Environment: DISPATCHD_PG_BIN overrides the server binaries' directory; DISPATCHD_PG_DURABLE=1
 # keeps PostgreSQL's durable defaults (fsync, synchronous_commit, full_page_writes on), as a
-# production server runs, for benchmarks.
+# production server runs, for benchmarks; DISPATCHD_PG_OPTIONS adds server options (`-c name=value`
+# ...), e.g. the libraries a profile loads.
 set -euo pipefail
 
 PG_BIN=${DISPATCHD_PG_BIN:-/usr/lib/postgresql/15/bin}
@@ -126,7 +127,7 @@ start() {
   for ((attempt = 1; attempt <= 5; attempt++)); do
     port=$(free_port) || die "no free TCP port found on 127.0.0.1"
     if run_as "$tmpdir" "$PG_BIN/pg_ctl" -D "$datadir" -l "$log" -w -t 60 \
-      -o "-c listen_addresses=127.0.0.1 -p $port -c unix_socket_directories=$datadir $durability -c max_connections=300 -c shared_buffers=128MB" \
+      -o "-c listen_addresses=127.0.0.1 -p $port -c unix_socket_directories=$datadir $durability -c max_connections=300 -c shared_buffers=128MB ${DISPATCHD_PG_OPTIONS:-}" \
       start >/dev/null; then
       echo "$port" >"$state/port"
       echo "postgresql://dispatchd@127.0.0.1:$port/postgres" >"$state/url.tmp"

@@ -1,0 +1,84 @@
+"""`bench.py profile` measures what it says on a real daemon, workers and PostgreSQL: it runs
+each variant at a small size with its own PostgreSQL (which loads pg_stat_statements), and the
+figures it writes must account for the work each variant does.
+
+Run by ctest (bench_profile, label e2e): DISPATCHD_BUILD_DIR names the build with dispatchd,
+dispatch-worker and dispatch-loadgen.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+JOBS = 2000  # RunSync: JOBS / 5
+
+
+class ProfileTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        build = os.environ.get("DISPATCHD_BUILD_DIR")
+        if not build:
+            raise unittest.SkipTest("needs DISPATCHD_BUILD_DIR (a build with the binaries)")
+        cls.tmp = tempfile.TemporaryDirectory(prefix="profile-test-")
+        out = os.path.join(cls.tmp.name, "profile")
+        r = subprocess.run(
+            [sys.executable, os.path.join(REPO, "bench", "bench.py"), "profile", "--runs", "1",
+             "--jobs", str(JOBS), "--workers", "2", "--slots", "16", "--clients", "2",
+             "--inflight", "8", "--build", build, "--out", out],
+            capture_output=True, text=True, timeout=600)
+        if r.returncode != 0:
+            raise AssertionError(f"bench.py profile failed ({r.returncode}):\n{r.stdout}{r.stderr}")
+        cls.stdout = r.stdout
+        with open(out + ".json") as f:
+            cls.doc = json.load(f)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def figure(self, variant, name):
+        return self.doc["runs"][0][f"{variant}_{name}"]
+
+    def statements(self, variant):
+        return self.doc["tables"][0][variant]
+
+    def test_every_variant_charges_the_daemon_its_workers_and_postgres(self):
+        for v in ("drain", "submit", "batch", "runsync"):
+            with self.subTest(variant=v):
+                self.assertGreater(self.figure(v, "jobs_per_s"), 0)
+                self.assertGreater(self.figure(v, "daemon_cpu_us_per_job"), 0)
+                # The daemon's threads are named: the loop's share is its own.
+                self.assertGreater(self.figure(v, "daemon_dispatch_loop_us_per_job"), 0)
+                self.assertGreater(self.figure(v, "workers_cpu_us_per_job"), 0)
+                self.assertGreater(self.figure(v, "postgres_backends_us_per_job"), 0)
+                self.assertGreater(self.figure(v, "wal_bytes_per_job"), 0)
+        # Only the clients' variants run a load generator.
+        self.assertEqual(self.figure("drain", "loadgen_cpu_us_per_job"), 0)
+        self.assertGreater(self.figure("submit", "loadgen_cpu_us_per_job"), 0)
+
+    def test_statement_tables_show_each_variants_writes(self):
+        def calls(variant, prefix):
+            return sum(r["calls_per_job"] for r in self.statements(variant)
+                       if r["query"].startswith(prefix))
+        for v in ("drain", "submit", "batch", "runsync"):
+            with self.subTest(variant=v):
+                self.assertGreater(calls(v, "WITH fence AS"), 0)  # the dispatcher's turns
+        self.assertEqual(calls("drain", "WITH ins AS ( INSERT"), 0)  # loaded, not inserted
+        for v in ("submit", "batch", "runsync"):
+            self.assertGreater(calls(v, "WITH ins AS ( INSERT"), 0)
+        self.assertIn("statements, per job", self.stdout)
+
+    def test_runsync_reads_each_job_once(self):
+        # RunSync answers from the row once its job has ended: one read of it per call.
+        reads = sum(r["calls_per_job"] for r in self.statements("runsync")
+                    if r["query"].startswith("SELECT id, type, payload,"))
+        self.assertGreater(reads, 0.99)
+        self.assertLess(reads, 1.05)
+
+
+if __name__ == "__main__":
+    unittest.main()
