@@ -17,7 +17,8 @@ For each window, per job:
   and background writer, and autovacuum), and the rest of the machine (`other`: the bench's own
   polls, the kernel's share no process is charged with, and any other work on the machine);
 - WAL: records, full-page images and bytes (pg_stat_wal), and transactions committed in the
-  daemon's database (pg_stat_database);
+  daemon's database (pg_stat_database's xact_commit: read-only ones, such as a RunSync's read of
+  its job, count too);
 - the statements: calls, execution time, rows, WAL records and bytes, and buffers dirtied, per
   job, from pg_stat_statements, which the bench's own server loads (`shared_preload_libraries`).
   Against a server of --pg-url that does not load it, the statement table is left out.
@@ -192,7 +193,7 @@ class Window:
         out["wal_records_per_job"] = round((w1[0] - w0[0]) / jobs, 2)
         out["wal_fpi_per_job"] = round((w1[1] - w0[1]) / jobs, 3)
         out["wal_bytes_per_job"] = round((w1[2] - w0[2]) / jobs)
-        out["commits_per_100_jobs"] = round((w1[3] - w0[3]) / jobs * 100, 1)
+        out["transactions_per_100_jobs"] = round((w1[3] - w0[3]) / jobs * 100, 1)
         table = self.statement_table(jobs) if self.statements else []
         if table:
             out["statement_calls_per_job"] = round(sum(r["calls_per_job"] for r in table), 3)
