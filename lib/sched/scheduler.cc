@@ -51,14 +51,19 @@ std::vector<Dispatch> Scheduler::Decide(absl::Time now, size_t limit) {
       continue;
     }
     if (c.loads) {
-      // A free worker that has the model loaded beats rank: no load needed there.
-      for (const auto& [rank, other] : available_) {
-        if (other != w && Resident(*other, c.job->type->model) &&
-            ServesAndMatches(*other, *c.job->lane->group)) {
-          w = other;
-          c.loads = false;
-          break;
+      // A free worker that has the model loaded beats rank: no load needed there. Of those, the
+      // first in rank order, found among the model's holders.
+      WorkerState* holder = nullptr;
+      for (WorkerState* other : c.job->type->model->holders) {
+        if (other == w || !available_.contains({other->rank, other}) ||
+            !ServesAndMatches(*other, *c.job->lane->group)) {
+          continue;
         }
+        if (holder == nullptr || other->rank < holder->rank) holder = other;
+      }
+      if (holder != nullptr) {
+        w = holder;
+        c.loads = false;
       }
     }
     out.push_back(Dispatch{.job_id = c.job->id,

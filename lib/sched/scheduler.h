@@ -353,6 +353,10 @@ class Scheduler {
   bool Fits(const WorkerState& w, const ModelState* model) const;
   bool Resident(const WorkerState& w, const ModelState* model) const;
   void LoadModel(WorkerState& w, ModelState* model);
+  // The model joins (leaves) w's resident set and w joins (leaves) the model's holders.
+  static void AddResident(WorkerState& w, ModelState* model);
+  static void DropResident(WorkerState& w, ModelState* model);
+  static void DropAllResident(WorkerState& w);
 
   // Placement policies (scheduler_policy.cc).
   // The placement policy named `name` ("fifo"; anything else is "fair"). See Policy.

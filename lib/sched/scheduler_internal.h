@@ -91,6 +91,9 @@ struct Scheduler::ModelState {
   absl::Time last_served = absl::InfinitePast();
   int64_t queued = 0;
   int64_t running = 0;
+  // The workers that have it resident (each one's `resident` holds it), kept by AddResident and
+  // DropResident, so that a question about the model's holders walks them, not the whole fleet.
+  absl::flat_hash_set<WorkerState*> holders;
 };
 
 struct Scheduler::TypeState {
@@ -244,7 +247,7 @@ struct Scheduler::WorkerState {
   bool throttled = false;
   double vram_in_use = 0;
   absl::flat_hash_map<ModelState*, int> in_use;
-  absl::flat_hash_set<ModelState*> resident;
+  absl::flat_hash_set<ModelState*> resident;  // changed only by AddResident and DropResident
   ModelState* swap_to = nullptr;
   int64_t loads = 0;
   absl::flat_hash_set<Job*> jobs;

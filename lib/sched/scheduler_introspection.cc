@@ -9,6 +9,8 @@
 #include <tuple>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 
@@ -389,10 +391,21 @@ std::vector<std::string> Scheduler::Audit(bool repair) {
     check(tier->running, c.running, "tier " + tier->name, "running", "jobs placed");
     check(tier->queued, c.queued, "tier " + tier->name, "queued", "jobs pending");
   }
+  // Each model's holders are the workers that have it resident.
+  absl::flat_hash_map<const ModelState*, absl::flat_hash_set<WorkerState*>> holders;
+  for (auto& [id, w] : workers_) {
+    for (const ModelState* m : w->resident) holders[m].insert(w.get());
+  }
   for (auto& [name, m] : models_) {
     Counts c = models[m.get()];
     check(m->running, c.running, "model " + name, "running", "jobs placed");
     check(m->queued, c.queued, "model " + name, "queued", "jobs pending");
+    absl::flat_hash_set<WorkerState*>& want = holders[m.get()];
+    if (m->holders != want) {
+      drifts.push_back(absl::StrCat("model ", name, ": holders ", m->holders.size(),
+                                    ", workers with it resident ", want.size()));
+      if (repair) m->holders = want;
+    }
   }
   for (auto& [name, k] : keys_) {
     Counts c = keys[k.get()];

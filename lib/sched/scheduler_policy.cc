@@ -190,10 +190,8 @@ Scheduler::Choice Scheduler::ChooseFair(WorkerState& w, absl::Time now) {
       std::vector<Counted> counted;
       for (const LoadCandidate& c : loads) {
         Counted n{c, 0};
-        for (const auto& [rank, other] : by_rank_) {
-          if (other == &w || other->draining || other->throttled || !Resident(*other, c.model)) {
-            continue;
-          }
+        for (const WorkerState* other : c.model->holders) {
+          if (other == &w || other->draining || other->throttled) continue;
           ++n.holders;
           n.holder_slots += other->capacity;
         }

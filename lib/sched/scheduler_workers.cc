@@ -68,6 +68,7 @@ std::vector<std::string> Scheduler::RemoveWorker(const std::string& worker_id) {
   }
   available_.erase({w.rank, &w});
   by_rank_.erase({w.rank, &w});
+  DropAllResident(w);
   workers_.erase(it);
   return orphans;
 }
@@ -93,17 +94,32 @@ void Scheduler::SetResidentModels(const std::string& worker_id,
   auto it = workers_.find(worker_id);
   if (it == workers_.end()) return;
   WorkerState& w = *it->second;
-  w.resident.clear();
+  DropAllResident(w);
   for (const std::string& name : models) {
     std::unique_ptr<ModelState>& m = models_[name];
     if (m == nullptr) {
       m = std::make_unique<ModelState>();
       m->name = name;
     }
-    w.resident.insert(m.get());
+    AddResident(w, m.get());
   }
   // A model in use is loaded whatever the report says (the report may predate the load).
-  for (const auto& [model, n] : w.in_use) w.resident.insert(model);
+  for (const auto& [model, n] : w.in_use) AddResident(w, model);
+}
+
+void Scheduler::AddResident(WorkerState& w, ModelState* model) {
+  w.resident.insert(model);
+  model->holders.insert(&w);
+}
+
+void Scheduler::DropResident(WorkerState& w, ModelState* model) {
+  w.resident.erase(model);
+  model->holders.erase(&w);
+}
+
+void Scheduler::DropAllResident(WorkerState& w) {
+  for (ModelState* m : w.resident) m->holders.erase(&w);
+  w.resident.clear();
 }
 
 void Scheduler::Heartbeat(const std::string& worker_id) {
@@ -144,13 +160,15 @@ bool Scheduler::Resident(const WorkerState& w, const ModelState* model) const {
 }
 
 bool Scheduler::HeldElsewhere(const WorkerState& w, const Group& g) const {
-  for (const auto& [rank, other] : by_rank_) {
-    if (other != &w && !other->draining && !other->throttled && Resident(*other, g.type->model) &&
-        ServesAndMatches(*other, g)) {
-      return true;
-    }
+  auto elsewhere = [&](const WorkerState* other) {
+    return other != &w && !other->draining && !other->throttled && ServesAndMatches(*other, g);
+  };
+  if (g.type->model == nullptr) {
+    return std::any_of(by_rank_.begin(), by_rank_.end(),
+                       [&](const auto& ranked) { return elsewhere(ranked.second); });
   }
-  return false;
+  const absl::flat_hash_set<WorkerState*>& holders = g.type->model->holders;
+  return std::any_of(holders.begin(), holders.end(), elsewhere);
 }
 
 bool Scheduler::Fits(const WorkerState& w, const ModelState* model) const {
@@ -174,10 +192,10 @@ void Scheduler::LoadModel(WorkerState& w, ModelState* model) {
     for (ModelState* m : idle) {
       if (resident_vram + model->vram <= w.spec.vram_gb + 1e-9) break;
       resident_vram -= m->vram;
-      w.resident.erase(m);
+      DropResident(w, m);
     }
   }
-  w.resident.insert(model);
+  AddResident(w, model);
 }
 
 void Scheduler::Attach(Job& j, WorkerState& w) {
@@ -186,7 +204,7 @@ void Scheduler::Attach(Job& j, WorkerState& w) {
   ++w.busy;
   if (j.model != nullptr) {
     if (w.in_use[j.model]++ == 0) w.vram_in_use += j.model->vram;
-    w.resident.insert(j.model);
+    AddResident(w, j.model);
   }
   UpdateAvailable(w);
 }

@@ -22,6 +22,9 @@ class SchedulerTestPeer {
   static void LoseRunningCount(Scheduler& s, const std::string& type) {
     --s.types_.at(type)->running;
   }
+  static void ForgetHolder(Scheduler& s, const std::string& model, const std::string& worker_id) {
+    s.models_.at(model)->holders.erase(s.workers_.at(worker_id).get());
+  }
   static void LeakConflict(Scheduler& s, const std::string& group, const std::string& resource) {
     std::string key = group + '\x1f' + resource;
     if (s.conflicts_running_[key]++ == 0) s.SetConflictBusy(key, true);
@@ -54,6 +57,42 @@ TEST(SchedulerAuditTest, ConsistentStateHasNoDrift) {
   ASSERT_THAT(s.Decide(kT0), SizeIs(2));
   s.Refused("g1");
   s.Finished("s1", kT0, absl::Seconds(1));
+  EXPECT_THAT(s.Audit(/*repair=*/false), IsEmpty());
+}
+
+// Two 12 GB models, workers of 20 GB: each load on a worker evicts the other model.
+config::Config ModelTypes() {
+  config::Config c;
+  c.types.push_back({.name = "a", .model = "ma", .vram_gb = 12});
+  c.types.push_back({.name = "b", .model = "mb", .vram_gb = 12});
+  return c;
+}
+
+TEST(SchedulerAuditTest, ModelHoldersFollowLoadsEvictionsReportsAndDepartures) {
+  Scheduler s(ModelTypes(), kT0);
+  s.AddWorker({.id = "w1", .types = {"a", "b"}, .slots = 1, .vram_gb = 20});
+  s.Enqueue({.id = "a1", .type = "a", .arrival = kT0});
+  ASSERT_THAT(s.Decide(kT0), SizeIs(1));  // w1 loads ma
+  EXPECT_THAT(s.Audit(/*repair=*/false), IsEmpty());
+  s.Finished("a1", kT0, absl::Seconds(1));
+  s.Enqueue({.id = "b1", .type = "b", .arrival = kT0});
+  ASSERT_THAT(s.Decide(kT0), SizeIs(1));  // w1 evicts ma for mb
+  EXPECT_THAT(s.Audit(/*repair=*/false), IsEmpty());
+  s.AddWorker(
+      {.id = "w2", .types = {"a", "b"}, .slots = 1, .vram_gb = 20, .models_resident = {"mb"}});
+  EXPECT_THAT(s.Audit(/*repair=*/false), IsEmpty());
+  s.SetResidentModels("w2", {"ma"});  // a heartbeat's report
+  EXPECT_THAT(s.Audit(/*repair=*/false), IsEmpty());
+  s.RemoveWorker("w1");
+  EXPECT_THAT(s.Audit(/*repair=*/false), IsEmpty());
+}
+
+TEST(SchedulerAuditTest, ForgottenModelHolderIsFoundAndRepaired) {
+  Scheduler s(ModelTypes(), kT0);
+  s.AddWorker({.id = "w", .types = {"a"}, .slots = 1, .vram_gb = 20, .models_resident = {"ma"}});
+  SchedulerTestPeer::ForgetHolder(s, "ma", "w");
+  EXPECT_THAT(s.Audit(/*repair=*/true),
+              ElementsAre("model ma: holders 0, workers with it resident 1"));
   EXPECT_THAT(s.Audit(/*repair=*/false), IsEmpty());
 }
 
