@@ -38,6 +38,7 @@ Dispatcher::~Dispatcher() { Stop(); }
 
 absl::Status Dispatcher::Start() {
   loop_role_.Take();  // until the loop thread starts
+  decision_seconds_ = &metrics::Metrics().decision.With({});
   for (const std::string& warning : config_.Warnings())
     server::Log("dispatch")->warn("{}", warning);
   absl::StatusOr<std::vector<job::Job>> placed = store_.LoadPlaced();

@@ -2,6 +2,7 @@
 // the store made of them, and the reconcile. See dispatcher.h.
 
 #include <algorithm>
+#include <chrono>
 #include <memory>
 #include <utility>
 
@@ -76,7 +77,10 @@ void Dispatcher::CommitTurn(absl::Time now) {
     turn.strays = std::move(stray_returns_);
     stray_returns_.clear();
     for (const store::ReturnRequest& r : turn.strays) writes.returns.push_back(r);
+    const auto decide_start = std::chrono::steady_clock::now();
     turn.decisions = scheduler_.Decide(now, kMaxDispatchesPerRound);
+    decision_seconds_->Observe(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - decide_start).count());
   }
   for (const sched::Dispatch& d : turn.decisions) {
     writes.claims.push_back(store::ClaimRequest{d.job_id, d.attempt, d.worker_id});

@@ -17,6 +17,11 @@ DaemonMetrics::DaemonMetrics()
           "dispatchd_job_run_seconds",
           "Time from a worker's accept of an attempt to its result (success or failure).", {"type"},
           SecondsBuckets())),
+      decision(registry.AddHistogram(
+          "dispatchd_dispatch_decision_seconds",
+          "Time the scheduler takes to decide one dispatcher turn's dispatches, on the loop "
+          "thread, whether or not it places any.",
+          {}, FineSecondsBuckets())),
       store_rows(registry.AddHistogram(
           "dispatchd_store_batch_rows",
           "Rows written per store statement, by op: insert (group commit of submits) or turn "

@@ -19,6 +19,9 @@ struct DaemonMetrics {
   // the attempt (success or failure), by type.
   Family<Histogram>& queue_wait;
   Family<Histogram>& run_time;
+  // Dispatcher: the time the scheduler takes to decide one turn's dispatches (Scheduler::Decide
+  // on the loop thread), whether or not it places any.
+  Family<Histogram>& decision;
   // Store writes: rows per statement and time to commit, by op (insert: the group inserter;
   // turn: a dispatcher turn's finishes, marks and claims).
   Family<Histogram>& store_rows;

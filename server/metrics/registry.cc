@@ -36,6 +36,13 @@ const std::vector<double>& SecondsBuckets() {
   return b;
 }
 
+const std::vector<double>& FineSecondsBuckets() {
+  static const std::vector<double> b = {1e-6,   2.5e-6, 5e-6,  1e-5,   2.5e-5, 5e-5, 1e-4,
+                                        2.5e-4, 5e-4,   0.001, 0.0025, 0.005,  0.01, 0.025,
+                                        0.05,   0.1,    0.25,  0.5,    1,      2.5,  10};
+  return b;
+}
+
 const std::vector<double>& SizeBuckets() {
   static const std::vector<double> b = {1,   2,   5,    10,   20,   50,   100,
                                         200, 500, 1000, 2000, 5000, 10000};

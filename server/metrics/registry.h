@@ -64,6 +64,8 @@ class Histogram {
 
 // Buckets of durations in seconds, from 0.5 ms to 5 min.
 const std::vector<double>& SecondsBuckets();
+// Buckets of short durations in seconds, 1 us to 10 s, for work on the dispatcher loop.
+const std::vector<double>& FineSecondsBuckets();
 // Buckets of sizes (rows per statement, jobs per batch), 1 to 10000.
 const std::vector<double>& SizeBuckets();
 

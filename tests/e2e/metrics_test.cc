@@ -70,10 +70,11 @@ TEST_F(MetricsTest, SeriesExistAndMoveAsJobsFlow) {
        {"dispatchd_jobs_admitted_total counter", "dispatchd_jobs_refused_total counter",
         "dispatchd_job_queue_wait_seconds histogram", "dispatchd_job_run_seconds histogram",
         "dispatchd_store_batch_rows histogram", "dispatchd_store_commit_seconds histogram",
-        "dispatchd_jobs_queued gauge", "dispatchd_jobs_running gauge",
-        "dispatchd_rate_limit_tokens gauge", "dispatchd_rate_limit_waiting gauge",
-        "dispatchd_workers gauge", "dispatchd_worker_slots gauge",
-        "dispatchd_worker_model_loads_total counter", "dispatchd_leader gauge"}) {
+        "dispatchd_dispatch_decision_seconds histogram", "dispatchd_jobs_queued gauge",
+        "dispatchd_jobs_running gauge", "dispatchd_rate_limit_tokens gauge",
+        "dispatchd_rate_limit_waiting gauge", "dispatchd_workers gauge",
+        "dispatchd_worker_slots gauge", "dispatchd_worker_model_loads_total counter",
+        "dispatchd_leader gauge"}) {
     EXPECT_THAT(page, HasSubstr(absl::StrCat("# TYPE ", family, "\n"))) << family;
   }
   EXPECT_EQ(Sample(page, "dispatchd_leader"), 1);
@@ -122,6 +123,8 @@ TEST_F(MetricsTest, SeriesExistAndMoveAsJobsFlow) {
   EXPECT_EQ(Sample(page, R"(dispatchd_job_run_seconds_count{type="llm"})"), 2);
   EXPECT_GE(Sample(page, R"(dispatchd_store_batch_rows_count{op="turn"})"), 1);
   EXPECT_GE(Sample(page, R"(dispatchd_store_commit_seconds_count{op="turn"})"), 1);
+  // Each job placed was decided in some turn.
+  EXPECT_GE(Sample(page, "dispatchd_dispatch_decision_seconds_count"), 1);
   EXPECT_EQ(Sample(page, "dispatchd_workers"), 1);
   EXPECT_EQ(Sample(page, R"(dispatchd_worker_slots{state="free"})"), 4);
   EXPECT_EQ(Sample(page, R"(dispatchd_worker_slots{state="busy"})"), 0);
