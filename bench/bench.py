@@ -48,6 +48,15 @@ Scenarios:
           --jobs queued rows and moves them to jobs_done, insert_claim_complete.sql inserts 100
           first. jobs/s = pgbench transactions x 100 / seconds. drain and e2e run the matching
           one beside each run (unless --no-ceiling) and print their jobs/s as a fraction of it.
+  fleet   --fleet-workers (1000) simulated GPU workers (dispatch-fleet, 500 streams per
+          process) x --fleet-slots (4) drain --fleet-jobs (20000) queued jobs of 50-500 ms over
+          --fleet-models (100) models with VRAM budgets and --fairness-keys (10000) keys: jobs/s
+          against the 4-worker drain of --jobs (unless --no-drain) and the fleet's capacity,
+          the dispatch decision's cost (dispatchd_dispatch_decision_seconds), Submit to worker
+          at light load against 4 workers', daemon CPU per job and peak RSS, its CPU per
+          heartbeat while the fleet idles, model loads against their lower bound; then the same
+          with one worker flapping every second, and with --join (100) more joining at once
+          halfway. See bench/fleet.py and bench/README.md.
   security
           drain and latency, each with security off (plaintext loopback, no authentication)
           and on (TLS with an openssl-made P-256 certificate for 127.0.0.1, bearer tokens: a
@@ -78,6 +87,7 @@ Examples:
   python3 bench/bench.py security --runs 3                         # ~2 min per run
   python3 bench/bench.py ceiling --runs 3                            # ~30 s per run
   python3 bench/bench.py profile --runs 3                            # ~2 min per run
+  python3 bench/bench.py fleet --runs 3 --jobs 20000                 # ~2 min per run
 
 Python 3 standard library only; needs the binaries in build/ (or --build) and psql.
 """
@@ -114,6 +124,7 @@ from measure import (  # noqa: E402
 from lab_run import lab_summary, print_lab, run_lab, write_lab_series  # noqa: E402
 import ceiling  # noqa: E402
 import cost_profile as profile  # noqa: E402
+import fleet  # noqa: E402
 
 PEER = os.path.join(os.path.dirname(REPO), "shared", "peers", "graphile-yardstick")
 
@@ -377,6 +388,7 @@ TARGETS = {
     # What TLS and tokens cost (security): the drain's rate and the light-load latency.
     "drain_on_to_off": (">=", 0.9),
     "submit_to_worker_p50_on_minus_off_ms": ("<=", 0.3),
+    **fleet.TARGETS,
 }
 
 
@@ -393,7 +405,8 @@ def target_check(key, value):
 SCENARIOS = {"drain": run_drain, "backlog": run_backlog, "retained": run_retained,
              "e2e": run_e2e, "submitted": run_submitted, "turncost": run_turncost,
              "latency": run_latency, "lab": run_lab, "security": run_security,
-             "ceiling": ceiling.run_ceiling, "profile": profile.run_profile}
+             "ceiling": ceiling.run_ceiling, "profile": profile.run_profile,
+             "fleet": fleet.run_fleet}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -412,6 +425,9 @@ class Bench:
     def loadgen(self):
         return find_binary(os.path.abspath(self.args.build), "dispatch-loadgen", "bench/loadgen")
 
+    def fleet(self):
+        return find_binary(os.path.abspath(self.args.build), "dispatch-fleet", "bench/fleet")
+
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
@@ -429,7 +445,8 @@ def main():
                    help="retained: finished jobs kept in the database")
     p.add_argument("--timeout", type=float, default=900, help="seconds one run may take")
     p.add_argument("--no-drain", action="store_true",
-                   help="e2e: skip the preloaded drain run beside the floods")
+                   help="e2e: skip the preloaded drain run beside the floods; fleet: skip the "
+                        "4-worker drain and probes")
     p.add_argument("--queued", type=lambda v: [int(x) for x in v.split(",")],
                    default=[10000, 100000, 1000000],
                    help="turncost: queue sizes, comma-separated (default 10000,100000,1000000)")
@@ -453,6 +470,7 @@ def main():
     p.add_argument("--keep-dbs", action="store_true")
     ceiling.add_arguments(p)
     profile.add_arguments(p)
+    fleet.add_arguments(p)
     g = p.add_argument_group("lab")
     g.add_argument("--tasks", type=int, default=1000, help="tasks per run")
     g.add_argument("--models", type=int, default=10, help="models (one job type each)")

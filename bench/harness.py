@@ -130,8 +130,9 @@ class Daemon:
                 out[(m.group(1), m.group(2) or "")] = float(m.group(3))
         return out
 
-    def write_config(self, types, policy=None):
-        """types: names, or dicts of a name and other `types[]` keys (model, rpm, burst)."""
+    def write_config(self, types, policy=None, extra=()):
+        """types: names, or dicts of a name and other `types[]` keys (model, rpm, burst);
+        extra: more top-level lines (e.g. "heartbeat_interval: 1s")."""
         cfg = os.path.join(self.dir, "dispatchd.yaml")
         lines = [
             "listen: 127.0.0.1:0",
@@ -140,6 +141,7 @@ class Daemon:
             f"state_dir: {yaml_str(os.path.join(self.dir, 'state'))}",
             "log_level: warn",
             "max_active: 10000000",
+            *extra,
             "postgres:",
             f"  url: {yaml_str(self.url)}",
         ] + (["scheduler:", f"  policy: {policy}"] if policy else []) + (
@@ -155,9 +157,9 @@ class Daemon:
             f.write("\n".join(lines) + "\n")
         return cfg
 
-    def start(self, types, policy=None):
+    def start(self, types, policy=None, extra=()):
         """Starts the daemon; returns seconds from exec to ready (it has loaded its jobs)."""
-        cfg = self.write_config(types, policy)
+        cfg = self.write_config(types, policy, extra)
         ready = os.path.join(self.dir, "ready")
         if os.path.exists(ready):
             os.unlink(ready)

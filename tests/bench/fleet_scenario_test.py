@@ -1,0 +1,66 @@
+"""`bench.py fleet` at a tiny size, as a user would run it: 20 simulated workers (two more
+joining mid-run in the join variant, one of them flapping in the flap variant), 600 short jobs
+over 5 models and 50 fairness keys, no 4-worker yardstick. bench.py itself fails a variant unless every
+queued job ends SUCCEEDED with one row, and fails the probes unless each started exactly once;
+this test checks that it exits 0, prints the figures and their targets, and that its JSON says
+nothing was lost and the flapping worker did flap and reconnect.
+
+Run by ctest (bench_fleet_scenario, label e2e) on the `pg` fixture's server:
+DISPATCHD_TEST_PG_URL_FILE names the file holding its URL, DISPATCHD_BUILD_DIR the build tree.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BENCH = os.path.join(REPO, "bench", "bench.py")
+JOBS = 600
+
+
+class FleetScenarioTest(unittest.TestCase):
+    def test_tiny_fleet_loses_nothing_and_prints_its_figures(self):
+        url_file = os.environ.get("DISPATCHD_TEST_PG_URL_FILE")
+        build = os.environ.get("DISPATCHD_BUILD_DIR")
+        if not url_file or not os.path.exists(url_file) or not build:
+            self.skipTest("needs ctest's pg fixture (DISPATCHD_TEST_PG_URL_FILE) and "
+                          "DISPATCHD_BUILD_DIR")
+        with open(url_file) as f:
+            url = f.read().strip()
+        out_dir = tempfile.mkdtemp(prefix="fleet-test-")
+        self.addCleanup(shutil.rmtree, out_dir, True)
+        out = os.path.join(out_dir, "fleet")
+        argv = [sys.executable, BENCH, "fleet", "--runs", "1", "--no-drain", "--pg-url", url,
+                "--build", build, "--out", out, "--fleet-workers", "20", "--fleet-slots", "2",
+                "--fleet-jobs", str(JOBS), "--fleet-models", "5", "--fairness-keys", "50",
+                "--min-ms", "50", "--max-ms", "150", "--join", "2", "--flap-every", "300ms",
+                "--idle-s", "1", "--fleet-probes", "20", "--warmup", "2", "--rate", "50",
+                "--timeout", "120"]
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        for figure in ("steady_jobs_per_s", "capacity_jobs_per_s", "decision_p99_us",
+                       "fleet_submit_to_worker_p99_ms", "daemon_cpu_us_per_job",
+                       "fleet_daemon_peak_rss_mib", "daemon_cpu_us_per_heartbeat",
+                       "model_loads_lower_bound", "flap_jobs_per_s", "join_jobs_per_s",
+                       "flap_to_steady", "join_to_steady"):
+            self.assertIn(figure, r.stdout)
+        self.assertIn("target", r.stdout)
+        with open(out + ".json") as f:
+            doc = json.load(f)
+        run = doc["runs"][0]
+        self.assertEqual(run["jobs"], JOBS)
+        # Each fleet drain checked its rows; the flapping worker came back and was re-adopted.
+        self.assertGreater(run["flap_flaps"], 0)
+        self.assertGreater(run["flap_connects"], 20)
+        self.assertGreaterEqual(run["join_connects"], 22)  # the two joined mid-run
+        self.assertGreaterEqual(run["model_loads"], run["model_loads_lower_bound"])
+        self.assertGreater(run["model_loads_lower_bound"], 0)
+        self.assertIn("fleet_daemon_peak_rss_mib", doc["targets"])
+
+
+if __name__ == "__main__":
+    unittest.main()
