@@ -204,28 +204,34 @@ def fleet_drain(b, i, variant, probes=False, join_at=None):
         d.start(types, extra=extra)  # creates the schema
         d.stop()
         mean_s = queue_fleet_jobs(d.url, a, a.seed + i)
-        started = time.time()
         load_s = d.start(types, extra=extra)
         idle = idle_cpu(d, a) if probes else None  # no worker yet: the daemon's own idle cost
         m0, busy0, cpu0 = d.metrics(), machine_busy(), cpu_seconds(d.proc.pid)
         steady = a.fleet_workers - (1 if variant == "flap" else 0)
+        spawned = time.time()
         first = fl.spawn(steady, 1)
         if variant == "flap":
             first = fl.spawn(1, first, ["--flap-every", a.flap_every])
         connected, joined, peak_rss = None, None, 0
-        deadline = time.time() + a.timeout
-        while d.any_active():
+        deadline = spawned + a.timeout
+        while True:
+            pause = 0.2
+            if join_at is not None and joined is None:
+                pause = min(pause, spawned + join_at - time.time())
+                if pause <= 0:
+                    fl.spawn(a.join, first)
+                    joined, pause = time.time() - spawned, 0.2
+            if not d.any_active():
+                break
             d.check_alive()
             fl.check_alive()
             peak_rss = max(peak_rss, rss_kib(d.proc.pid) or 0)
             if connected is None and d.metrics().get(("dispatchd_workers", ""), 0) >= steady:
-                connected = time.time() - started - load_s
-            if join_at is not None and joined is None and time.time() - started >= join_at:
-                fl.spawn(a.join, first)
-                joined = time.time() - started
+                connected = time.time() - spawned
             if time.time() > deadline:
-                raise BenchError(f"fleet {variant} did not finish in {a.timeout} s; logs in {d.dir}")
-            time.sleep(0.2)
+                raise BenchError(f"fleet {variant} did not finish in {a.timeout} s; "
+                                 f"logs in {d.dir}")
+            time.sleep(max(pause, 0.01))
         m1, busy1, cpu1, sim_cpu = d.metrics(), machine_busy(), cpu_seconds(d.proc.pid), fl.cpu()
         if join_at is not None and joined is None:
             raise BenchError("join: the drain ended before the workers joined (more --fleet-jobs)")
@@ -240,7 +246,7 @@ def fleet_drain(b, i, variant, probes=False, join_at=None):
         if variant != "steady":
             out[f"{variant}_reattempted"] = reattempted
         if variant == "join":
-            out["join_at_s"] = round(joined - (first_s - started), 2) if joined else None
+            out["join_at_s"] = round(joined - (first_s - spawned), 2)
         if not probes:
             out.update({f"{variant}_{k}": v for k, v in fl.stop().items()
                         if k in ("connects", "flaps", "adopted", "dropped", "results_resent")})
@@ -258,7 +264,8 @@ def fleet_drain(b, i, variant, probes=False, join_at=None):
             "mean_job_s": round(mean_s, 4),
             "capacity_jobs_per_s": round(a.fleet_workers * a.fleet_slots / mean_s),
             "steady_mid_jobs_per_s": round(0.8 * n / (t90 - t10)),
-            "load_s": round(load_s, 2), "connect_s": None if connected is None else round(connected, 2),
+            "load_s": round(load_s, 2),
+            "connect_s": None if connected is None else round(connected, 2),
             "decision_p50_us": us(histogram_quantile(m0, m1, name, 0.5)),
             "decision_p99_us": us(histogram_quantile(m0, m1, name, 0.99)),
             "decision_mean_us": us((m1.get((name + "_sum", ""), 0) - m0.get((name + "_sum", ""), 0))
@@ -277,7 +284,7 @@ def fleet_drain(b, i, variant, probes=False, join_at=None):
         out["model_loads"] = summary["model_loads"]
         out["loads_over_bound"] = round(summary["model_loads"] / max(bound, 1), 3)
         out["fleet_daemon_peak_rss_mib"] = round(peak_rss / 1024, 1)
-        out["_join_at"] = first_s - started + span / 2
+        out["_join_at"] = first_s - spawned + span / 2
         return out
     finally:
         for p in fl.procs:

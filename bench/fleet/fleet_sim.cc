@@ -85,10 +85,7 @@ class SimWorker {
       : fleet_(fleet), id_(std::move(id)), stub_(stub), rng_(seed) {}
 
   void Connect() ABSL_LOCKS_EXCLUDED(mu_);
-  void Cancel() ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::MutexLock l(&mu_);
-    if (session_ != nullptr && !dead_) session_->Cancel();
-  }
+  void Cancel() ABSL_LOCKS_EXCLUDED(mu_);
 
   // From the session.
   void OnMessage(const v1::DaemonMessage& msg) ABSL_LOCKS_EXCLUDED(mu_);
@@ -107,14 +104,26 @@ class SimWorker {
   };
 
   void Finish(const std::string& job_id, uint64_t token) ABSL_LOCKS_EXCLUDED(mu_);
+  struct Next;
+  Next Handle(const v1::DaemonMessage& msg) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Next SendHeartbeat() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Accept(const v1::Assignment& a, v1::Batch& answer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Release(Held& h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LoadModel(const std::string& model) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AddResult(const std::string& job_id, int32_t attempt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Queue(v1::WorkerMessage msg) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Starts the next queued write if none is in flight, with mu_ released around StartWrite.
-  void Pump(absl::ReleasableMutexLock& l) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void MaybeRelease(absl::ReleasableMutexLock& l) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // What to do on the stream once mu_ is released: StartWrite and RemoveHold may run a reaction
+  // inline, which takes mu_.
+  struct Next {
+    Session* session = nullptr;
+    const v1::WorkerMessage* write = nullptr;  // the front of out_, to start writing
+    bool release = false;                      // remove the session's hold
+  };
+  // The next queued write if none is in flight, else the hold's release if it is due.
+  Next Prepare() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Session* TakeRelease() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Run(Next next) ABSL_LOCKS_EXCLUDED(mu_);
   double ModelVram(const std::string& model) const {
     auto it = fleet_.options_.model_vram_gb.find(model);
     return it == fleet_.options_.model_vram_gb.end() ? 0 : it->second;
@@ -129,7 +138,7 @@ class SimWorker {
   Session* session_ ABSL_GUARDED_BY(mu_) = nullptr;
   bool dead_ ABSL_GUARDED_BY(mu_) = false;      // its read failed: no new writes
   bool released_ ABSL_GUARDED_BY(mu_) = false;  // its hold is removed
-  int starting_ ABSL_GUARDED_BY(mu_) = 0;       // writes being started outside mu_
+  int starting_ ABSL_GUARDED_BY(mu_) = 0;       // writes (or a cancel) started outside mu_
   bool welcomed_ ABSL_GUARDED_BY(mu_) = false;
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool batching_ ABSL_GUARDED_BY(mu_) = false;
@@ -173,44 +182,39 @@ void Session::OnDone(const grpc::Status& /*status*/) {
 }
 
 void SimWorker::Connect() {
-  absl::ReleasableMutexLock l(&mu_);
-  if (fleet_.stopping_.load()) return;
-  session_ = new Session(*this);
-  dead_ = released_ = welcomed_ = writing_ = batching_ = false;
-  starting_ = 0;
-  out_.clear();
-  v1::WorkerMessage msg;
-  v1::Hello& hello = *msg.mutable_hello();
-  hello.set_worker_id(id_);
-  for (const std::string& t : fleet_.options_.types) hello.add_types(t);
-  hello.set_slots(fleet_.options_.slots);
-  v1::Gpu& gpu = *hello.add_gpus();
-  gpu.set_id("0");
-  gpu.set_memory_total_bytes(static_cast<int64_t>(fleet_.options_.vram_gb * 1e9));
-  for (const std::string& m : resident_) hello.add_models_resident(m);
-  for (const auto& [job_id, h] : held_) {
-    v1::HeldJob& j = *hello.add_running_jobs();
-    j.set_job_id(job_id);
-    j.set_attempt(h.attempt);
+  Next next;
+  {
+    absl::MutexLock l(&mu_);
+    if (fleet_.stopping_.load()) return;
+    session_ = new Session(*this);
+    dead_ = released_ = welcomed_ = writing_ = batching_ = false;
+    starting_ = 0;
+    out_.clear();
+    v1::WorkerMessage msg;
+    v1::Hello& hello = *msg.mutable_hello();
+    hello.set_worker_id(id_);
+    for (const std::string& t : fleet_.options_.types) hello.add_types(t);
+    hello.set_slots(fleet_.options_.slots);
+    v1::Gpu& gpu = *hello.add_gpus();
+    gpu.set_id("0");
+    gpu.set_memory_total_bytes(static_cast<int64_t>(fleet_.options_.vram_gb * 1e9));
+    for (const std::string& m : resident_) hello.add_models_resident(m);
+    for (const auto& [job_id, h] : held_) {
+      v1::HeldJob& j = *hello.add_running_jobs();
+      j.set_job_id(job_id);
+      j.set_attempt(h.attempt);
+    }
+    hello.set_batching(true);
+    out_.push_back(std::move(msg));
+    fleet_.live_sessions_.fetch_add(1);
+    fleet_.counters_.connects.fetch_add(1);
+    next = Prepare();
   }
-  hello.set_batching(true);
-  out_.push_back(std::move(msg));
-  fleet_.live_sessions_.fetch_add(1);
-  fleet_.counters_.connects.fetch_add(1);
-  Session* s = session_;
-  writing_ = true;
-  ++starting_;
-  const v1::WorkerMessage* first = &out_.front();
-  l.Release();
-  s->Begin(stub_);
-  s->StartWrite(first);
-  absl::ReleasableMutexLock again(&mu_);
-  --starting_;
-  MaybeRelease(again);
+  next.session->Begin(stub_);
+  Run(next);
 }
 
-void SimWorker::OnMessage(const v1::DaemonMessage& msg) {
-  absl::ReleasableMutexLock l(&mu_);
+SimWorker::Next SimWorker::Handle(const v1::DaemonMessage& msg) {
   FleetCounters& c = fleet_.counters_;
   switch (msg.msg_case()) {
     case v1::DaemonMessage::kWelcome: {
@@ -284,7 +288,16 @@ void SimWorker::OnMessage(const v1::DaemonMessage& msg) {
     default:
       break;
   }
-  Pump(l);
+  return Prepare();
+}
+
+void SimWorker::OnMessage(const v1::DaemonMessage& msg) {
+  Next next;
+  {
+    absl::MutexLock l(&mu_);
+    next = Handle(msg);
+  }
+  Run(next);
 }
 
 void SimWorker::Accept(const v1::Assignment& a, v1::Batch& answer) {
@@ -349,13 +362,17 @@ void SimWorker::Release(Held& h) {
 }
 
 void SimWorker::Finish(const std::string& job_id, uint64_t token) {
-  absl::ReleasableMutexLock l(&mu_);
-  auto it = held_.find(job_id);
-  if (it == held_.end() || it->second.token != token || it->second.done) return;
-  Release(it->second);
-  fleet_.counters_.results.fetch_add(1);
-  if (welcomed_ && !dead_) AddResult(job_id, it->second.attempt);  // else sent after Welcome
-  Pump(l);
+  Next next;
+  {
+    absl::MutexLock l(&mu_);
+    auto it = held_.find(job_id);
+    if (it == held_.end() || it->second.token != token || it->second.done) return;
+    Release(it->second);
+    fleet_.counters_.results.fetch_add(1);
+    if (welcomed_ && !dead_) AddResult(job_id, it->second.attempt);  // else sent after Welcome
+    next = Prepare();
+  }
+  Run(next);
 }
 
 void SimWorker::AddResult(const std::string& job_id, int32_t attempt) {
@@ -380,41 +397,74 @@ void SimWorker::Queue(v1::WorkerMessage msg) {
   out_.push_back(std::move(msg));
 }
 
-void SimWorker::Pump(absl::ReleasableMutexLock& l) {
+SimWorker::Next SimWorker::Prepare() {
   if (writing_ || out_.empty() || session_ == nullptr || dead_) {
-    MaybeRelease(l);
-    return;
+    return Next{.session = TakeRelease(), .release = true};
   }
   writing_ = true;
   ++starting_;
-  Session* s = session_;
-  const v1::WorkerMessage* next = &out_.front();
-  l.Release();
-  s->StartWrite(next);
-  absl::ReleasableMutexLock again(&mu_);
-  --starting_;
-  MaybeRelease(again);
+  return Next{.session = session_, .write = &out_.front()};
 }
 
-void SimWorker::MaybeRelease(absl::ReleasableMutexLock& l) {
-  if (!dead_ || released_ || starting_ > 0 || session_ == nullptr) return;
+Session* SimWorker::TakeRelease() {
+  if (!dead_ || released_ || starting_ > 0 || session_ == nullptr) return nullptr;
   released_ = true;
-  Session* s = session_;
-  l.Release();
-  s->RemoveHold();
+  return session_;
+}
+
+void SimWorker::Run(Next next) {
+  if (next.session == nullptr) return;
+  if (next.release) {
+    next.session->RemoveHold();
+    return;
+  }
+  next.session->StartWrite(next.write);
+  Session* release = nullptr;
+  {
+    absl::MutexLock l(&mu_);
+    --starting_;
+    release = TakeRelease();
+  }
+  if (release != nullptr) release->RemoveHold();
+}
+
+void SimWorker::Cancel() {
+  Session* s = nullptr;
+  {
+    absl::MutexLock l(&mu_);
+    if (session_ == nullptr || dead_ || released_) return;
+    s = session_;
+    ++starting_;  // keeps the hold, and so the session, until TryCancel has returned
+  }
+  s->Cancel();
+  Session* release = nullptr;
+  {
+    absl::MutexLock l(&mu_);
+    --starting_;
+    release = TakeRelease();
+  }
+  if (release != nullptr) release->RemoveHold();
 }
 
 void SimWorker::OnWritten() {
-  absl::ReleasableMutexLock l(&mu_);
-  writing_ = false;
-  if (!out_.empty()) out_.pop_front();
-  Pump(l);
+  Next next;
+  {
+    absl::MutexLock l(&mu_);
+    writing_ = false;
+    if (!out_.empty()) out_.pop_front();
+    next = Prepare();
+  }
+  Run(next);
 }
 
 void SimWorker::OnReadFailed() {
-  absl::ReleasableMutexLock l(&mu_);
-  dead_ = true;
-  MaybeRelease(l);
+  Session* release = nullptr;
+  {
+    absl::MutexLock l(&mu_);
+    dead_ = true;
+    release = TakeRelease();
+  }
+  if (release != nullptr) release->RemoveHold();
 }
 
 void SimWorker::OnSessionDone() {
@@ -437,8 +487,16 @@ void SimWorker::OnSessionDone() {
 }
 
 void SimWorker::Heartbeat() {
-  absl::ReleasableMutexLock l(&mu_);
-  if (fleet_.stopping_.load()) return;
+  Next next;
+  {
+    absl::MutexLock l(&mu_);
+    next = SendHeartbeat();
+  }
+  Run(next);
+}
+
+SimWorker::Next SimWorker::SendHeartbeat() {
+  if (fleet_.stopping_.load()) return Next{};
   if (welcomed_ && !dead_) {
     v1::WorkerMessage msg;
     v1::Heartbeat& hb = *msg.mutable_heartbeat();
@@ -460,7 +518,7 @@ void SimWorker::Heartbeat() {
     fleet_.counters_.heartbeats.fetch_add(1);
   }
   fleet_.timers_.At(absl::Now() + heartbeat_interval_, [this] { Heartbeat(); });
-  Pump(l);
+  return Prepare();
 }
 
 void SimWorker::Flap() {

@@ -1,9 +1,9 @@
 """`bench.py fleet` at a tiny size, as a user would run it: 20 simulated workers (two more
 joining mid-run in the join variant, one of them flapping in the flap variant), 600 short jobs
-over 5 models and 50 fairness keys, no 4-worker yardstick. bench.py itself fails a variant unless every
-queued job ends SUCCEEDED with one row, and fails the probes unless each started exactly once;
-this test checks that it exits 0, prints the figures and their targets, and that its JSON says
-nothing was lost and the flapping worker did flap and reconnect.
+over 5 models and 50 fairness keys, no 4-worker yardstick. bench.py itself fails a variant unless
+every queued job ends SUCCEEDED with one row, and fails the probes unless each started exactly
+once; this test checks that it exits 0, prints the figures and their targets, and that its JSON
+says the flapping worker did flap and reconnect and the joining workers did connect.
 
 Run by ctest (bench_fleet_scenario, label e2e) on the `pg` fixture's server:
 DISPATCHD_TEST_PG_URL_FILE names the file holding its URL, DISPATCHD_BUILD_DIR the build tree.
