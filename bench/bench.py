@@ -56,7 +56,7 @@ Scenarios:
           at light load against 4 workers', daemon CPU per job and peak RSS, its CPU per
           heartbeat while the fleet idles, model loads against their lower bound; then the same
           with one worker flapping every second, and with --join (100) more joining at once
-          halfway. See bench/fleet.py and bench/README.md.
+          when half the jobs have been dispatched. See bench/fleet.py and bench/README.md.
   security
           drain and latency, each with security off (plaintext loopback, no authentication)
           and on (TLS with an openssl-made P-256 certificate for 127.0.0.1, bearer tokens: a

@@ -10,7 +10,8 @@ dispatch-fleet (bench/fleet/) runs several hundred WorkerService streams per pro
      --fleet-slots slots and 80 GB each drain them. Then the fleet idles for --idle-s seconds
      (heartbeats only), then takes --fleet-probes light-load Submit probes;
   3. flap: the same jobs, with one of the workers dropping its stream every second;
-  4. join: the same jobs, with --join more workers connecting at once halfway through.
+  4. join: the same jobs, with --join more workers connecting at once when half the jobs have
+     left the queue.
 
 Every variant fails unless each queued job ends SUCCEEDED, one row each (nothing lost).
 
@@ -190,7 +191,7 @@ def check_rows(d, jobs, variant):
     return later
 
 
-def fleet_drain(b, i, variant, probes=False, join_at=None):
+def fleet_drain(b, i, variant, probes=False, join=False):
     """One fleet drain on a fresh daemon (`variant`: steady, flap or join); its figures."""
     a = b.args
     d = Daemon(b, f"fleet-{variant}-{i}")
@@ -215,12 +216,11 @@ def fleet_drain(b, i, variant, probes=False, join_at=None):
         connected, joined, peak_rss = None, None, 0
         deadline = spawned + a.timeout
         while True:
-            pause = 0.2
-            if join_at is not None and joined is None:
-                pause = min(pause, spawned + join_at - time.time())
-                if pause <= 0:
-                    fl.spawn(a.join, first)
-                    joined, pause = time.time() - spawned, 0.2
+            if join and joined is None and int(psql(
+                    d.url, "SELECT count(*) FROM jobs_active WHERE state = 'QUEUED'")[0][0]) \
+                    <= a.fleet_jobs // 2:
+                fl.spawn(a.join, first)
+                joined = time.time() - spawned
             if not d.any_active():
                 break
             d.check_alive()
@@ -231,9 +231,9 @@ def fleet_drain(b, i, variant, probes=False, join_at=None):
             if time.time() > deadline:
                 raise BenchError(f"fleet {variant} did not finish in {a.timeout} s; "
                                  f"logs in {d.dir}")
-            time.sleep(max(pause, 0.01))
+            time.sleep(0.2)
         m1, busy1, cpu1, sim_cpu = d.metrics(), machine_busy(), cpu_seconds(d.proc.pid), fl.cpu()
-        if join_at is not None and joined is None:
+        if join and joined is None:
             raise BenchError("join: the drain ended before the workers joined (more --fleet-jobs)")
         reattempted = check_rows(d, a.fleet_jobs, variant)
         n = a.fleet_jobs
@@ -284,7 +284,6 @@ def fleet_drain(b, i, variant, probes=False, join_at=None):
         out["model_loads"] = summary["model_loads"]
         out["loads_over_bound"] = round(summary["model_loads"] / max(bound, 1), 3)
         out["fleet_daemon_peak_rss_mib"] = round(peak_rss / 1024, 1)
-        out["_join_at"] = first_s - spawned + span / 2
         return out
     finally:
         for p in fl.procs:
@@ -368,10 +367,9 @@ def run_fleet(b, i):
         out["drain_jobs_per_s"] = drain_once(b, f"drain-{i}", a.jobs)["jobs_per_s"]
         out.update(four_worker_latency(b, i))
     steady = fleet_drain(b, i, "steady", probes=True)
-    join_at = steady.pop("_join_at")
     out.update(steady)
     out.update(fleet_drain(b, i, "flap"))
-    out.update(fleet_drain(b, i, "join", join_at=join_at))
+    out.update(fleet_drain(b, i, "join", join=True))
     if not a.no_drain:
         out["fleet_to_drain"] = round(out["steady_jobs_per_s"] / out["drain_jobs_per_s"], 3)
         out["dispatch_p99_to_4_workers"] = round(
