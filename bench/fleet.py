@@ -7,8 +7,9 @@ dispatch-fleet (bench/fleet/) runs several hundred WorkerService streams per pro
   2. steady: --fleet-jobs jobs queued before the daemon starts, of --fleet-models job types, each
      its own model with a VRAM budget (8, 16, 24 or 40 GB, seeded), over --fairness-keys keys,
      each holding a worker slot for a seeded 50-500 ms (its payload); --fleet-workers workers of
-     --fleet-slots slots and 80 GB each drain them. Then the fleet idles for --idle-s seconds
-     (heartbeats only), then takes --fleet-probes light-load Submit probes;
+     --fleet-slots slots and 80 GB each drain them, once the daemon has idled --idle-s seconds
+     with no worker. Then the fleet idles as long (heartbeats only), then takes --fleet-probes
+     light-load Submit probes;
   3. flap: the same jobs, with one of the workers dropping its stream every second;
   4. join: the same jobs, with --join more workers connecting at once when half the jobs have
      left the queue.
