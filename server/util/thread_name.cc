@@ -1,9 +1,9 @@
 #include "server/util/thread_name.h"
 
-#include <pthread.h>
-
 #include <algorithm>
 #include <array>
+
+#include <pthread.h>
 
 namespace dispatchd::server {
 
