@@ -16,9 +16,11 @@ For each window, per job:
   generator, PostgreSQL's server processes (its backends apart from its WAL writer, checkpointer
   and background writer, and autovacuum), and the rest of the machine (`other`: the bench's own
   polls, the kernel's share no process is charged with, and any other work on the machine);
-- WAL: records, full-page images and bytes (pg_stat_wal), and transactions committed in the
-  daemon's database (pg_stat_database's xact_commit: read-only ones, such as a RunSync's read of
-  its job, count too);
+- WAL: bytes (the distance the WAL's insert position moved, exact), records and full-page
+  images (pg_stat_wal), and transactions committed in the daemon's database (pg_stat_database's
+  xact_commit: read-only ones, such as a RunSync's read of its job, count too). PostgreSQL 15
+  adds a backend's counts to those two views at most once a second, and an idle backend's within
+  10 s, so over a window of a few seconds records, images and transactions may fall short;
 - the statements: calls, execution time, rows, WAL records and bytes, and buffers dirtied, per
   job, from pg_stat_statements, which the bench's own server loads (`shared_preload_libraries`).
   Against a server of --pg-url that does not load it, the statement table is left out.
@@ -157,7 +159,8 @@ class Window:
 
     def snapshot(self):
         d = self.d
-        row = psql(d.url, "SELECT w.wal_records, w.wal_fpi, w.wal_bytes, d.xact_commit "
+        row = psql(d.url, "SELECT w.wal_records, w.wal_fpi, "
+                          "pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0'), d.xact_commit "
                           "FROM pg_stat_wal w, pg_stat_database d "
                           "WHERE d.datname = current_database()")[0]
         return {"busy": machine_busy()[0], "daemon": daemon_threads(d.proc.pid),
