@@ -22,27 +22,14 @@
 #include <CLI/CLI.hpp>
 #include <pthread.h>
 #include <signal.h>
-#include <sys/resource.h>
 
 #include "bench/fleet/fleet_sim.h"
+#include "bench/tool_main.h"
 
 namespace dispatchd::bench {
 namespace {
 
-int UsageError(const std::string& message) {
-  std::fprintf(stderr, "dispatch-fleet: %s\nRun with --help for more information.\n",
-               message.c_str());
-  return 2;
-}
-
-double CpuSeconds() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  auto seconds = [](const timeval& t) {
-    return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) / 1e6;
-  };
-  return seconds(u.ru_utime) + seconds(u.ru_stime);
-}
+int UsageError(const std::string& message) { return bench::UsageError("dispatch-fleet", message); }
 
 int Main(int argc, char** argv) {
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);

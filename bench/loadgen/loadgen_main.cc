@@ -24,9 +24,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include <CLI/CLI.hpp>
-#include <sys/resource.h>
 
 #include "bench/loadgen/load_driver.h"
+#include "bench/tool_main.h"
 #include "client/cpp/credentials.h"
 #include "client/cpp/security_flags.h"
 
@@ -34,18 +34,7 @@ namespace dispatchd::bench {
 namespace {
 
 int UsageError(const std::string& message) {
-  std::fprintf(stderr, "dispatch-loadgen: %s\nRun with --help for more information.\n",
-               message.c_str());
-  return 2;
-}
-
-double CpuSeconds() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  auto seconds = [](const timeval& t) {
-    return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) / 1e6;
-  };
-  return seconds(u.ru_utime) + seconds(u.ru_stime);
+  return bench::UsageError("dispatch-loadgen", message);
 }
 
 // The summary line. Every key is documented in --help.
