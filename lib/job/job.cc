@@ -57,4 +57,15 @@ bool IsLegalTransition(JobState from, JobState to) {
   return false;
 }
 
+JobSpec AsStored(JobSpec spec) {
+  if (spec.not_before != absl::InfinitePast()) {
+    spec.not_before = absl::FromUnixMicros(absl::ToUnixMicros(spec.not_before));
+  }
+  if (spec.dispatch_deadline != absl::InfiniteDuration()) {
+    spec.dispatch_deadline = absl::Trunc(spec.dispatch_deadline, absl::Microseconds(1));
+  }
+  spec.timeout = absl::Trunc(spec.timeout, absl::Milliseconds(1));
+  return spec;
+}
+
 }  // namespace dispatchd::job

@@ -48,6 +48,10 @@ struct JobSpec {
   Labels labels;
 };
 
+// `spec` as the store keeps it, and reads it back: not_before and the dispatch deadline in whole
+// microseconds, the timeout in whole milliseconds.
+JobSpec AsStored(JobSpec spec);
+
 // A job as recorded by the store.
 struct Job {
   std::string id;

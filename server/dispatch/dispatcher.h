@@ -32,6 +32,7 @@
 #include "server/dispatch/reconciler.h"
 #include "server/dispatch/turn_writer.h"
 #include "server/dispatch/worker_link.h"
+#include "server/store/group_inserter.h"
 #include "server/store/job_store.h"
 
 namespace dispatchd::metrics {
@@ -54,11 +55,17 @@ void LogFinished(const std::string& job_id, job::JobState state, int32_t attempt
 // is dropped here too. After Start the dispatcher reaches the store only through its writer.
 //
 //   Submit -> JobQueued -> loop (scheduler) -> writer (claim) -> loop -> worker (Assign)
+//   Submit -> Place (loop: scheduler) -> insert, DISPATCHED -> JobQueued -> worker (Assign)
 //   worker (Result) -> loop (AttemptState) -> writer (finish) -> loop -> worker (ResultAck)
 //
 // One Dispatcher runs per leadership term (server/ha/leadership.h): the daemon that leads builds
 // one when it wins the lease and stops it when it loses it; its store writes carry the term's
 // fence, so a stopped dispatcher of a deposed leader can change nothing.
+//
+// A job that can run the moment it is submitted takes one commit, not two: as the leader's
+// inserter is about to write it, Place asks the loop for a worker, and the insert writes the row
+// DISPATCHED to that worker under the term's fence (store::Placer; "One commit to a worker" in
+// docs/architecture.md says why each guarantee holds).
 //
 // Usage:
 //   Dispatcher d(config, store, clock, events, gate);
@@ -66,7 +73,7 @@ void LogFinished(const std::string& job_id, job::JobState state, int32_t attempt
 //   d.JobQueued(std::move(job));             // after the job's row is committed
 //
 // Thread-safe: public methods post to the loop and return at once (Workers() waits for it).
-class Dispatcher {
+class Dispatcher final : public store::Placer {
  public:
   Dispatcher(config::Config config, store::JobStore& store, Clock& clock, JobEvents& events,
              sched::AdmissionGate& admission);
@@ -85,7 +92,14 @@ class Dispatcher {
   // (written), moving from both, and drops the reservation once the loop holds the job (or once
   // the term ends without it: the next term loads the row). False, with both untouched, once
   // Stop() has begun: the caller tells whichever daemon leads next (LeaderIntake does).
+  // A job Place placed comes here too, its row DISPATCHED (job.state kDispatched), and goes to
+  // its worker.
   bool JobQueued(job::Job& job, sched::Reservation& reservation);
+  // store::Placer, on the leader's inserter threads: the scheduler places the jobs that can run
+  // now (waiting at most kPlaceWait for the loop), and learns what their insert made of it.
+  void Place(std::vector<job::Job>& jobs) override;
+  void Placed(const std::vector<job::Job>& jobs,
+              const absl::StatusOr<std::vector<store::InsertOutcome>>& outcomes) override;
   // A job's row moved to CANCELLED from `previous`; a worker running it is told to stop.
   void JobCancelled(const std::string& job_id, job::JobState previous);
   // Rows that changed behind the dispatcher's back (a standby inserted or cancelled them), as
@@ -148,6 +162,14 @@ class Dispatcher {
     job::Job job;
     job::AttemptState at;
   };
+  // A job Place placed, from the decision until the loop holds it (JobQueued) or undoes it (its
+  // insert wrote no DISPATCHED row). The scheduler counts it placed on its worker meanwhile.
+  struct Placing {
+    std::string worker_id;
+    absl::Time since;
+    bool landed = false;   // its row is DISPATCHED; JobQueued brings the job
+    bool dropped = false;  // cancelled or ended elsewhere meanwhile: not assigned
+  };
   struct Session {
     std::shared_ptr<WorkerLink> link;  // null while disconnected
     v1::Hello hello;
@@ -190,6 +212,18 @@ class Dispatcher {
   // dispatcher.cc: the loop's housekeeping.
   void TakeQueued(job::Job job, sched::Reservation reservation)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
+  // Place on the loop: sets worker_id on the jobs the scheduler places now.
+  void PlaceNow(std::vector<job::Job>& jobs, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
+  // Placed on the loop: `landed` rows are DISPATCHED (JobQueued brings them), `undone` not.
+  void ApplyPlaced(const std::vector<std::string>& landed, const std::vector<std::string>& undone)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
+  // JobQueued of a placed job: held and assigned to its worker.
+  void TakePlaced(job::Job row, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
+  // Placements whose row was written but whose job never came (a bug): forgotten after
+  // kPlacementTimeout, so that the reconcile, which waits for placements in flight, can run and
+  // adopt their rows.
+  void ExpirePlacements(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // Holds a QUEUED row: into jobs_ and the scheduler, without its payload.
   void Keep(job::Job row) ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // Holds a DISPATCHED or RUNNING row whose worker may still run it (after a restart, or found
@@ -240,8 +274,16 @@ class Dispatcher {
   void CommitTurn(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   void FinishTurn(Turn turn, TurnResult result) ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // A job's write in flight was answered: `changed` if the row took it, `failed` if the store
-  // did not answer.
-  void Answered(Held& h, bool changed, bool failed, absl::Time now)
+  // did not answer. `times`: a finished row's times as committed, if the store returned them.
+  void Answered(Held& h, bool changed, bool failed, absl::Time now,
+                const store::TurnOutcome::Times* times = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
+  // Hands a held QUEUED job that the store made DISPATCHED to `worker_id` to that worker: an
+  // Assignment with `payload` in `assigns`, or an orphan if the worker was lost meanwhile.
+  void Handover(Held& h, const std::string& worker_id, std::string payload,
+                absl::flat_hash_map<std::string, v1::DaemonMessage>& assigns, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
+  void SendAssigns(absl::flat_hash_map<std::string, v1::DaemonMessage>& assigns)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // Assigns the claimed jobs to their workers, with the payloads the claim returned (moved
   // out); the rest go back to the queue.
@@ -330,6 +372,9 @@ class Dispatcher {
   int64_t ended_since_publish_ ABSL_GUARDED_BY(loop_role_) = 0;
   absl::flat_hash_map<std::string, Held> jobs_ ABSL_GUARDED_BY(loop_role_);
   absl::flat_hash_set<std::string> owed_ ABSL_GUARDED_BY(loop_role_);  // AttemptState::owed
+  absl::flat_hash_map<std::string, Placing> placing_ ABSL_GUARDED_BY(loop_role_);
+  // Dispatches of held jobs that a Place decided beside its own: claimed by the next turn.
+  std::vector<sched::Dispatch> decided_ ABSL_GUARDED_BY(loop_role_);
   // Claimed rows of jobs no longer held here (cancelled while the claim was in flight): each
   // goes back to the queue in the next turn.
   std::vector<store::ReturnRequest> stray_returns_ ABSL_GUARDED_BY(loop_role_);

@@ -31,6 +31,10 @@ inline constexpr int kHeartbeatMissesToLose = 2;
 // (most short jobs) needs no mark at all, since the finish accepts the row still DISPATCHED.
 // Status shows such a job DISPATCHED for at most this long after its worker started it.
 inline constexpr absl::Duration kRunningMarkDelay = absl::Milliseconds(50);
+// How long a Place waits for the loop before its jobs go in QUEUED, to be claimed as usual.
+inline constexpr absl::Duration kPlaceWait = absl::Milliseconds(10);
+// A placement whose job has not come to the loop after this is forgotten (ExpirePlacements).
+inline constexpr absl::Duration kPlacementTimeout = absl::Seconds(10);
 // A claim the store did not grant (another session holds the row) is tried again after this.
 inline constexpr absl::Duration kClaimRetryDelay = absl::Milliseconds(100);
 

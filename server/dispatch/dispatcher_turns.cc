@@ -77,10 +77,17 @@ void Dispatcher::CommitTurn(absl::Time now) {
     turn.strays = std::move(stray_returns_);
     stray_returns_.clear();
     for (const store::ReturnRequest& r : turn.strays) writes.returns.push_back(r);
+    turn.decisions = std::move(decided_);
+    decided_.clear();
     const auto decide_start = std::chrono::steady_clock::now();
-    turn.decisions = scheduler_.Decide(now, kMaxDispatchesPerRound);
+    std::vector<sched::Dispatch> more = scheduler_.Decide(now, kMaxDispatchesPerRound);
     decision_seconds_->Observe(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - decide_start).count());
+    if (turn.decisions.empty()) {
+      turn.decisions = std::move(more);
+    } else {
+      for (sched::Dispatch& d : more) turn.decisions.push_back(std::move(d));
+    }
   }
   for (const sched::Dispatch& d : turn.decisions) {
     writes.claims.push_back(store::ClaimRequest{d.job_id, d.attempt, d.worker_id});
@@ -114,6 +121,11 @@ void Dispatcher::FinishTurn(Turn turn, TurnResult result) {
     next_flush_ = std::min(next_flush_, paused_until_);
   }
   absl::flat_hash_set<std::string> finished(out.finished.begin(), out.finished.end());
+  absl::flat_hash_map<std::string, const store::TurnOutcome::Times*> times;
+  if (out.finished_times.size() == out.finished.size()) {
+    for (size_t i = 0; i < out.finished.size(); ++i)
+      times[out.finished[i]] = &out.finished_times[i];
+  }
   absl::flat_hash_set<std::string> marked(out.marked.begin(), out.marked.end());
   absl::flat_hash_set<std::string> retried(out.retried.begin(), out.retried.end());
   absl::flat_hash_set<std::string> returned(out.returned.begin(), out.returned.end());
@@ -135,7 +147,9 @@ void Dispatcher::FinishTurn(Turn turn, TurnResult result) {
       default:
         break;
     }
-    Answered(it->second, status->ok() && changed->contains(id), !status->ok(), now);
+    const auto t = times.find(id);
+    Answered(it->second, status->ok() && changed->contains(id), !status->ok(), now,
+             changed == &finished && t != times.end() ? t->second : nullptr);
   }
   if (!result.returns.ok()) {
     for (store::ReturnRequest& r : turn.strays) stray_returns_.push_back(std::move(r));
@@ -151,7 +165,8 @@ void Dispatcher::FinishTurn(Turn turn, TurnResult result) {
   ++turns_answered_;
 }
 
-void Dispatcher::Answered(Held& h, bool changed, bool failed, absl::Time now) {
+void Dispatcher::Answered(Held& h, bool changed, bool failed, absl::Time now,
+                          const store::TurnOutcome::Times* times) {
   const std::string id = h.job.id;
   if (failed) {
     // Owed again, after the pause; the job keeps counting as running or settled meanwhile.
@@ -196,7 +211,27 @@ void Dispatcher::Answered(Held& h, bool changed, bool failed, absl::Time now) {
               ->info("failed job={} attempt={} error=\"{}\"", id, w.attempt, w.error);
         }
         LogFinished(id, state, w.attempt);
-        events_.Publish(id, state);
+        if (times != nullptr && events_.Watched(id)) {
+          // The row as the finish committed it, but for its spec: a RunSync call that has the
+          // spec answers from it without reading the row back.
+          job::Job ended;
+          ended.id = id;
+          ended.seq = h.job.seq;
+          ended.owner = h.job.owner;
+          ended.state = state;
+          ended.attempt = w.attempt;
+          ended.worker_id = worker;
+          ended.result = w.result;
+          ended.error = w.error;
+          ended.created_at = times->created_at;
+          ended.dispatched_at = times->dispatched_at;
+          ended.started_at = times->started_at;
+          ended.finished_at = times->finished_at;
+          ended.updated_at = times->finished_at;
+          events_.Publish(id, state, &ended);
+        } else {
+          events_.Publish(id, state);
+        }
       }
       break;
   }
@@ -254,34 +289,40 @@ void Dispatcher::ApplyClaims(const std::vector<sched::Dispatch>& decisions,
       }
       continue;
     }
-    Held& h = it->second;
-    job::Dispatched(h.at, d.worker_id);
-    if (scheduler_.WorkerOf(d.job_id) != d.worker_id) {
-      // Its worker was lost while the claim was in flight: the row goes back to the queue.
-      const job::Transition t =
-          job::Orphan(h.at, RequeuesOrphans(h.job), PolicyOf(h.job, h.at.HeldAttempt(), now),
-                      "its worker was lost before the job reached it");
-      if (!t.Nothing()) Owe(d.job_id);
-      continue;
-    }
-    const job::Job& j = h.job;
-    MetricsOf(j.spec.type)
-        .queue_wait->Observe(
-            absl::ToDoubleSeconds(now - std::max(j.created_at, j.spec.not_before)));
-    v1::Assignment* a = assigns[d.worker_id].mutable_assign()->add_assignments();
-    a->set_job_id(j.id);
-    a->set_attempt(h.at.HeldAttempt());
-    a->set_type(j.spec.type);
-    if (std::string* payload = won[d.job_id]; payload != nullptr) {
-      a->set_payload(std::move(*payload));
-    } else {
-      a->set_payload(j.spec.payload);
-    }
-    a->set_resource_id(j.spec.resource_id);
-    convert::ToProto(now + j.spec.timeout, a->mutable_deadline());
-    if (const config::JobTypeConfig* t = TypeOf(j)) a->set_model(t->model);
-    events_.Publish(j.id, JobState::kDispatched);
+    std::string* payload = won[d.job_id];
+    Handover(it->second, d.worker_id,
+             payload != nullptr ? std::move(*payload) : it->second.job.spec.payload, assigns, now);
   }
+  SendAssigns(assigns);
+}
+
+void Dispatcher::Handover(Held& h, const std::string& worker_id, std::string payload,
+                          absl::flat_hash_map<std::string, v1::DaemonMessage>& assigns,
+                          absl::Time now) {
+  job::Dispatched(h.at, worker_id);
+  if (scheduler_.WorkerOf(h.job.id) != worker_id) {
+    // Its worker was lost while the row was written: the row goes back to the queue.
+    const job::Transition t =
+        job::Orphan(h.at, RequeuesOrphans(h.job), PolicyOf(h.job, h.at.HeldAttempt(), now),
+                    "its worker was lost before the job reached it");
+    if (!t.Nothing()) Owe(h.job.id);
+    return;
+  }
+  const job::Job& j = h.job;
+  MetricsOf(j.spec.type)
+      .queue_wait->Observe(absl::ToDoubleSeconds(now - std::max(j.created_at, j.spec.not_before)));
+  v1::Assignment* a = assigns[worker_id].mutable_assign()->add_assignments();
+  a->set_job_id(j.id);
+  a->set_attempt(h.at.HeldAttempt());
+  a->set_type(j.spec.type);
+  a->set_payload(std::move(payload));
+  a->set_resource_id(j.spec.resource_id);
+  convert::ToProto(now + j.spec.timeout, a->mutable_deadline());
+  if (const config::JobTypeConfig* t = TypeOf(j)) a->set_model(t->model);
+  events_.Publish(j.id, JobState::kDispatched);
+}
+
+void Dispatcher::SendAssigns(absl::flat_hash_map<std::string, v1::DaemonMessage>& assigns) {
   for (auto& [worker_id, msg] : assigns) {
     server::Log("dispatch")
         ->debug("assign worker={} jobs={}", worker_id, msg.assign().assignments_size());

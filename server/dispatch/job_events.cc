@@ -25,11 +25,16 @@ void JobEvents::Unsubscribe(uint64_t token) {
   job_of_token_.erase(it);
 }
 
-void JobEvents::Publish(const std::string& job_id, job::JobState state) {
+void JobEvents::Publish(const std::string& job_id, job::JobState state, const job::Job* ended) {
   absl::MutexLock l(&mu_);
   auto it = by_job_.find(job_id);
   if (it == by_job_.end()) return;
-  for (const Subscription& s : it->second) s.callback(state);
+  for (const Subscription& s : it->second) s.callback(state, ended);
+}
+
+bool JobEvents::Watched(const std::string& job_id) {
+  absl::MutexLock l(&mu_);
+  return by_job_.contains(job_id);
 }
 
 std::vector<std::string> JobEvents::WatchedJobs() {

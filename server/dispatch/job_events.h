@@ -13,17 +13,23 @@
 namespace dispatchd::dispatch {
 
 // Fan-out of job state changes to RunSync and Watch calls. The dispatcher publishes each change
-// it commits; subscribers re-read the job from the store for the full record.
+// it commits; subscribers re-read the job from the store for the full record, except where a
+// terminal change carries the row as committed (`ended`) and the subscriber knows the rest.
 // Callbacks run on the publishing thread (the dispatcher loop) under this object's lock, so they
 // must only hand work off and must not call back into JobEvents. Once Unsubscribe returns, the
 // callback is neither running nor will run. Thread-safe.
 class JobEvents {
  public:
-  using Callback = std::function<void(job::JobState)>;
+  // `ended`: for a terminal change whose row the publisher has, that row as committed but for
+  // its spec and payload (left empty); null otherwise. Valid during the call only.
+  using Callback = std::function<void(job::JobState state, const job::Job* ended)>;
 
   uint64_t Subscribe(const std::string& job_id, Callback callback) ABSL_LOCKS_EXCLUDED(mu_);
   void Unsubscribe(uint64_t token) ABSL_LOCKS_EXCLUDED(mu_);
-  void Publish(const std::string& job_id, job::JobState state) ABSL_LOCKS_EXCLUDED(mu_);
+  void Publish(const std::string& job_id, job::JobState state, const job::Job* ended = nullptr)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether the job has a subscriber now (a publisher builds `ended` only then).
+  bool Watched(const std::string& job_id) ABSL_LOCKS_EXCLUDED(mu_);
   // Jobs that have at least one subscriber now (a standby polls their rows).
   std::vector<std::string> WatchedJobs() ABSL_LOCKS_EXCLUDED(mu_);
 

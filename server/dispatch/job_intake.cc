@@ -23,6 +23,8 @@ void StandbyIntake::Notify(const std::string& job_id) {
   }
 }
 
+std::shared_ptr<store::Placer> LeaderIntake::placer() const { return dispatcher_; }
+
 void LeaderIntake::Queued(job::Job job, sched::Reservation reservation, bool notified) {
   if (dispatcher_->JobQueued(job, reservation)) return;
   fallback_.Queued(std::move(job), std::move(reservation), notified);

@@ -8,6 +8,7 @@
 #include "lib/sched/admission_gate.h"
 #include "lib/sched/scheduler.h"
 #include "server/dispatch/job_events.h"
+#include "server/store/group_inserter.h"
 #include "server/store/job_store.h"
 
 namespace dispatchd::dispatch {
@@ -30,8 +31,12 @@ class JobIntake {
   // Whether an insert should announce its rows to the leader in its own statement (a standby's
   // rows reach the leader only through the database).
   virtual bool NotifiesOnInsert() const = 0;
-  // A job's QUEUED row is committed. `reservation` is its admission reservation, written: it is
-  // counted once the job is held, or at once. `notified`: its insert announced it already.
+  // Who places the jobs an insert writes on workers in that insert (see store::Placer): the
+  // leader's dispatcher; null on a standby.
+  virtual std::shared_ptr<store::Placer> placer() const = 0;
+  // A job's row is committed, QUEUED (or DISPATCHED, placed by placer()). `reservation` is its
+  // admission reservation, written: it is counted once the job is held, or at once. `notified`: its
+  // insert announced it already.
   virtual void Queued(job::Job job, sched::Reservation reservation, bool notified) = 0;
   // A job's row moved to CANCELLED from `previous`.
   virtual void Cancelled(const std::string& job_id, job::JobState previous) = 0;
@@ -47,6 +52,7 @@ class StandbyIntake final : public JobIntake {
   StandbyIntake(store::JobStore& store, JobEvents& events) : store_(store), events_(events) {}
 
   bool NotifiesOnInsert() const override { return true; }
+  std::shared_ptr<store::Placer> placer() const override { return nullptr; }
   void Queued(job::Job job, sched::Reservation reservation, bool notified) override;
   void Cancelled(const std::string& job_id, job::JobState previous) override;
   std::optional<sched::WaitInfo> WhyWaiting(const job::Job&, bool*) override {
@@ -68,6 +74,7 @@ class LeaderIntake final : public JobIntake {
       : dispatcher_(std::move(dispatcher)), fallback_(fallback) {}
 
   bool NotifiesOnInsert() const override { return false; }
+  std::shared_ptr<store::Placer> placer() const override;
   void Queued(job::Job job, sched::Reservation reservation, bool notified) override;
   void Cancelled(const std::string& job_id, job::JobState previous) override;
   std::optional<sched::WaitInfo> WhyWaiting(const job::Job& row, bool* paged_out) override;

@@ -83,6 +83,7 @@ TurnResult TurnWriter::Write(const store::TurnWrites& writes) {
       for (std::string& id : *from) to->push_back(std::move(id));
     }
     for (std::string& p : o->claimed_payloads) r.out.claimed_payloads.push_back(std::move(p));
+    for (store::TurnOutcome::Times& t : o->finished_times) r.out.finished_times.push_back(t);
   };
   alone(&r.finishes, [&](store::TurnWrites& w) { w.finishes = writes.finishes; });
   alone(&r.marks, [&](store::TurnWrites& w) { w.marks = writes.marks; });

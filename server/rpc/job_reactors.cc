@@ -93,6 +93,9 @@ class RunSyncReactor final : public grpc::ServerUnaryReactor {
     // nothing is published of a job before its insert commits. The row is read only once the
     // job ends, not also to learn whether it ended before a subscription.
     std::string id = jobs->jobs[0].id;
+    // The job as it will be stored: with the row its finish commits, the answer needs no read.
+    own_ = jobs->jobs[0];
+    own_.spec = job::AsStored(std::move(own_.spec));
     Follow(id);
     {
       absl::MutexLock l(&mu_);
@@ -123,9 +126,25 @@ class RunSyncReactor final : public grpc::ServerUnaryReactor {
       job_id_ = job_id;
     }
     if (token_ != 0) events_.Unsubscribe(token_);
-    token_ = events_.Subscribe(job_id, [this](JobState state) {
-      if (job::IsTerminal(state)) Run([this] { CompleteIfDone(); });
+    const bool own = job_id == own_.id;
+    token_ = events_.Subscribe(job_id, [this, own](JobState state, const job::Job* ended) {
+      if (!job::IsTerminal(state)) return;
+      if (own && ended != nullptr) {
+        Run([this, row = *ended]() mutable { CompleteWith(std::move(row)); });
+      } else {
+        Run([this] { CompleteIfDone(); });
+      }
     });
+  }
+
+  // Answers with the row its finish committed, `ended`, completed with the spec this call
+  // submitted (the row's spec and payload are these).
+  void CompleteWith(job::Job ended) {
+    ended.spec = own_.spec;
+    absl::MutexLock l(&mu_);
+    if (finished_) return;
+    convert::ToProto(ended, response_.mutable_job());
+    FinishLocked(grpc::Status::OK);
   }
 
   void CompleteIfDone() {
@@ -158,6 +177,7 @@ class RunSyncReactor final : public grpc::ServerUnaryReactor {
   server::Executor& executor_;
   grpc::CallbackServerContext* const ctx_;
   const v1::RunSyncRequest request_;
+  job::Job own_;  // the job this call submits, as stored; set before Follow, then only read
   grpc::ByteBuffer* const raw_response_;
   v1::RunSyncResponse response_ ABSL_GUARDED_BY(mu_);
   std::atomic<uint64_t> token_ = 0;
@@ -197,7 +217,7 @@ class WatchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       Finish(server::ToGrpcStatus(s));
       return;
     }
-    token_ = events_.Subscribe(job_id_, [this](JobState) { Refresh(); });
+    token_ = events_.Subscribe(job_id_, [this](JobState, const job::Job*) { Refresh(); });
     Refresh();
   }
 

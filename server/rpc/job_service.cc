@@ -153,7 +153,8 @@ void JobServiceImpl::Enqueue(Admitted admitted, EnqueueDone done) {
         // The intake of the moment: leadership may have changed while the rows were written.
         Settle(written, outcomes, *leadership_.intake(), notify_leader);
         std::move(done)(std::move(outcomes));
-      });
+      },
+      intake->placer());
 }
 
 void JobServiceImpl::Settle(Admitted& admitted,
@@ -167,8 +168,14 @@ void JobServiceImpl::Settle(Admitted& admitted,
       continue;
     }
     job.seq = (*outcomes)[i].seq;
-    server::Log("grpc")->debug("queued job={} type={} key={}", job.id, job.spec.type,
-                               job.spec.fairness_key);
+    if ((*outcomes)[i].dispatched) {
+      job.state = job::JobState::kDispatched;  // placed on job.worker_id by its insert
+      server::Log("grpc")->debug("dispatched job={} type={} key={} worker={}", job.id,
+                                 job.spec.type, job.spec.fairness_key, job.worker_id);
+    } else {
+      server::Log("grpc")->debug("queued job={} type={} key={}", job.id, job.spec.type,
+                                 job.spec.fairness_key);
+    }
     reservation.Written();
     intake.Queued(std::move(job), std::move(reservation), notified);
   }

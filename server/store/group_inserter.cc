@@ -25,11 +25,12 @@ GroupInserter::GroupInserter(JobStore& store, Options options) : store_(store), 
 
 GroupInserter::~GroupInserter() { Stop(); }
 
-void GroupInserter::Insert(std::vector<job::Job> jobs, bool notify_leader, Done done) {
+void GroupInserter::Insert(std::vector<job::Job> jobs, bool notify_leader, Done done,
+                           std::shared_ptr<Placer> placer) {
   {
     absl::MutexLock l(&mu_);
     if (!stopping_) {
-      queue_.push_back(Unit{std::move(jobs), notify_leader, std::move(done)});
+      queue_.push_back(Unit{std::move(jobs), notify_leader, std::move(done), std::move(placer)});
       return;
     }
   }
@@ -72,7 +73,9 @@ std::vector<GroupInserter::Unit> GroupInserter::TakeBatch() {
   std::vector<Unit> batch;
   size_t rows = 0;
   const bool notify = queue_.front().notify_leader;
-  while (!queue_.empty() && queue_.front().notify_leader == notify) {
+  const Placer* placer = queue_.front().placer.get();
+  while (!queue_.empty() && queue_.front().notify_leader == notify &&
+         queue_.front().placer.get() == placer) {
     const size_t n = queue_.front().jobs.size();
     if (!batch.empty() && rows + n > options_.max_rows) break;
     rows += n;
@@ -114,9 +117,18 @@ absl::Status GroupInserter::InsertTogether(std::vector<Unit>& units) {
       std::move(unit.jobs.begin(), unit.jobs.end(), std::back_inserter(jobs));
     }
   }
+  Placer* placer = units[0].placer.get();
+  if (placer != nullptr) placer->Place(jobs);
   const absl::Time start = absl::Now();
   absl::StatusOr<std::vector<InsertOutcome>> outcomes =
       store_.InsertMany(jobs, units[0].notify_leader);
+  if (placer != nullptr) {
+    placer->Placed(jobs, outcomes);
+    // Jobs come back as their rows were written: a worker only where the row went to it.
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      if (!outcomes.ok() || !(*outcomes)[i].dispatched) jobs[i].worker_id.clear();
+    }
+  }
   if (outcomes.ok()) {
     metrics::DaemonMetrics& m = metrics::Metrics();
     m.store_rows.With({"insert"}).Observe(static_cast<double>(rows));

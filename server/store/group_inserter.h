@@ -2,6 +2,7 @@
 
 #include <cstddef>
 #include <deque>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -14,6 +15,22 @@
 #include "server/store/job_store.h"
 
 namespace dispatchd::store {
+
+// Places jobs on workers in the statement that inserts them (the leader's dispatcher), so that a
+// job that can run at once reaches its worker after one commit, not two (insert, then claim).
+// Implementations are thread-safe; both calls come from an inserter thread, around the insert.
+class Placer {
+ public:
+  virtual ~Placer() = default;
+  // Before the insert: sets worker_id on each job that a worker is to run now, and clears it on
+  // the others. May place none (and must, rather than keep the inserts waiting long).
+  virtual void Place(std::vector<job::Job>& jobs) = 0;
+  // After it: what the insert made of the placements, `outcomes` (one per job, as InsertMany
+  // returns them: `dispatched` where the row went to its worker) or the error that wrote
+  // nothing. Called for every Place, before any caller's `done` runs.
+  virtual void Placed(const std::vector<job::Job>& jobs,
+                      const absl::StatusOr<std::vector<InsertOutcome>>& outcomes) = 0;
+};
 
 // Group commit for inserts: the jobs of many concurrent Submit calls share one statement, and so
 // one round trip and one WAL flush, instead of one each.
@@ -51,8 +68,10 @@ class GroupInserter {
   GroupInserter& operator=(const GroupInserter&) = delete;
 
   // Queues `jobs` to be inserted as JobStore::InsertMany would; `done` gets one outcome per job,
-  // in order, or the error. After Stop, `done` runs at once with Unavailable.
-  void Insert(std::vector<job::Job> jobs, bool notify_leader, Done done) ABSL_LOCKS_EXCLUDED(mu_);
+  // in order, or the error. With a `placer` (the leader's), the jobs it places are written
+  // DISPATCHED to their workers (see Placer). After Stop, `done` runs at once with Unavailable.
+  void Insert(std::vector<job::Job> jobs, bool notify_leader, Done done,
+              std::shared_ptr<Placer> placer = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Commits what is queued, then joins the threads. Idempotent.
   void Stop() ABSL_LOCKS_EXCLUDED(mu_);
@@ -69,11 +88,12 @@ class GroupInserter {
     std::vector<job::Job> jobs;
     bool notify_leader = false;
     Done done;
+    std::shared_ptr<Placer> placer;
   };
 
   void Run() ABSL_LOCKS_EXCLUDED(mu_);
-  // Takes the next batch off the queue: units in order with the first one's notify flag, up to
-  // max_rows (at least one unit).
+  // Takes the next batch off the queue: units in order with the first one's notify flag and
+  // placer, up to max_rows (at least one unit).
   std::vector<Unit> TakeBatch() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Commit(std::vector<Unit> batch) ABSL_LOCKS_EXCLUDED(mu_);
   // Inserts `units` in one statement; on success splits the outcomes among them.

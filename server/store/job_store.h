@@ -19,6 +19,8 @@ struct InsertOutcome {
   bool deduplicated = false;
   // The new row's arrival order (job::Job::seq); 0 when deduplicated.
   int64_t seq = 0;
+  // The job named a worker (job::Job::worker_id) and its row was written DISPATCHED to it.
+  bool dispatched = false;
 };
 
 // One claim: QUEUED -> DISPATCHED to `worker_id`, if the row is still QUEUED at `attempt`.
@@ -81,6 +83,14 @@ struct TurnOutcome {
   // The ids that changed, as FinishMany, MarkRunningMany, Claim, Retry and ReturnToQueue say.
   std::vector<std::string> finished, marked, claimed, retried, returned;
   std::vector<std::string> claimed_payloads;  // the payload of each claimed job, as Claim's
+  // The times of each finished job's row as committed, by `finished`'s index.
+  struct Times {
+    absl::Time created_at = absl::InfinitePast();
+    absl::Time dispatched_at = absl::InfinitePast();
+    absl::Time started_at = absl::InfinitePast();
+    absl::Time finished_at = absl::InfinitePast();
+  };
+  std::vector<Times> finished_times;
 };
 
 // The QUEUED jobs of one queue (a job type and a fairness key), as the dispatcher pages them.
@@ -165,6 +175,13 @@ class JobStore {
   // held (by an existing job, or by an earlier job in `jobs`) is not inserted and gets the
   // holder's id with deduplicated = true. One outcome per job, in order. With `notify_leader`
   // each new row is also announced to the leader (NotifyChanged) when, and only if, it commits.
+  //
+  // A job whose worker_id is set is placed on that worker by the leader that inserts it: its row
+  // is written DISPATCHED there (attempt 0, as a claim leaves it; outcome `dispatched`) while
+  // this store's fence (SetFence) is the leader's epoch, and otherwise QUEUED and announced like
+  // a standby's row, so that a deposed leader places nothing. One commit then takes a job from
+  // its Submit to its worker. The other fields of a job's row are not read.
+  //
   // InvalidArgument naming `jobs[i]` if a job cannot be stored.
   virtual absl::StatusOr<std::vector<InsertOutcome>> InsertMany(const std::vector<job::Job>& jobs,
                                                                 bool notify_leader) = 0;

@@ -91,10 +91,18 @@ absl::StatusOr<InsertOutcome> PgJobStore::Insert(const job::Job& job) {
 
 namespace {
 
-// Inserts `jobs`, returning the ids written with their seq.
-absl::flat_hash_map<std::string, int64_t> ExecInsert(pqxx::transaction_base& txn,
-                                                     const std::vector<const job::Job*>& jobs,
-                                                     bool notify_leader) {
+// A row kInsertJobs wrote.
+struct Inserted {
+  int64_t seq = 0;
+  bool dispatched = false;  // written DISPATCHED to the worker its job named
+};
+
+// Inserts `jobs`, returning the rows written by id. `epoch`: the fence a job placed on a worker
+// is written DISPATCHED under (nullopt when none is placed).
+absl::flat_hash_map<std::string, Inserted> ExecInsert(pqxx::transaction_base& txn,
+                                                      const std::vector<const job::Job*>& jobs,
+                                                      bool notify_leader,
+                                                      std::optional<int64_t> epoch) {
   const InsertColumns c(jobs);
   pqxx::result rows = txn.exec_prepared(
       kInsertJobs.name, TextArrayLiteral(c.ids), TextArrayLiteral(c.types),
@@ -103,10 +111,19 @@ absl::flat_hash_map<std::string, int64_t> ExecInsert(pqxx::transaction_base& txn
       TextArrayLiteral(c.label_keys), TextArrayLiteral(c.label_values),
       IntArrayLiteral(c.max_attempts), IntArrayLiteral(c.timeouts_ms),
       OptionalIntArrayLiteral(c.deadlines_us), OptionalIntArrayLiteral(c.not_befores_us),
-      notify_leader, TextArrayLiteral(c.owners));
-  absl::flat_hash_map<std::string, int64_t> inserted;
-  for (const pqxx::row& row : rows) inserted[TextFromField(row[0])] = row[1].as<int64_t>();
+      notify_leader, TextArrayLiteral(c.owners), TextArrayLiteral(c.workers), epoch);
+  absl::flat_hash_map<std::string, Inserted> inserted;
+  for (const pqxx::row& row : rows) {
+    inserted[TextFromField(row[0])] = {.seq = row[1].as<int64_t>(),
+                                       .dispatched = row[2].as<bool>()};
+  }
   return inserted;
+}
+
+// The outcome of a job `inserted` wrote.
+InsertOutcome WrittenOutcome(const std::string& id, const Inserted& inserted) {
+  return InsertOutcome{
+      .job_id = id, .deduplicated = false, .seq = inserted.seq, .dispatched = inserted.dispatched};
 }
 
 }  // namespace
@@ -122,6 +139,10 @@ absl::StatusOr<std::vector<InsertOutcome>> PgJobStore::InsertMany(const std::vec
   if (jobs.empty()) return outcomes;
   const bool any_key =
       absl::c_any_of(jobs, [](const job::Job& job) { return !job.spec.idempotency_key.empty(); });
+  const std::optional<int64_t> epoch =
+      absl::c_any_of(jobs, [](const job::Job& job) { return !job.worker_id.empty(); })
+          ? std::optional(fence_.load())
+          : std::nullopt;
   return WithConnection(
       *pool_, absl::StrCat("insert ", jobs.size(), " jobs"),
       [&](pqxx::connection& conn) -> absl::StatusOr<std::vector<InsertOutcome>> {
@@ -131,11 +152,10 @@ absl::StatusOr<std::vector<InsertOutcome>> PgJobStore::InsertMany(const std::vec
           // Without idempotency keys every row is written, by one statement: atomic and durable
           // when it returns, with no BEGIN and COMMIT round trips.
           pqxx::nontransaction txn(conn);
-          absl::flat_hash_map<std::string, int64_t> inserted =
-              ExecInsert(txn, pending, notify_leader);
+          absl::flat_hash_map<std::string, Inserted> inserted =
+              ExecInsert(txn, pending, notify_leader, epoch);
           for (size_t i = 0; i < jobs.size(); ++i) {
-            outcomes[i].job_id = jobs[i].id;
-            outcomes[i].seq = inserted[jobs[i].id];
+            outcomes[i] = WrittenOutcome(jobs[i].id, inserted[jobs[i].id]);
           }
           return outcomes;
         }
@@ -177,8 +197,8 @@ absl::StatusOr<std::vector<InsertOutcome>> PgJobStore::InsertMany(const std::vec
         };
         constexpr int kTries = 5;
         for (int attempt = 0; attempt < kTries && !pending.empty(); ++attempt) {
-          absl::flat_hash_map<std::string, int64_t> inserted =
-              ExecInsert(txn, pending, notify_leader);
+          absl::flat_hash_map<std::string, Inserted> inserted =
+              ExecInsert(txn, pending, notify_leader, epoch);
           std::vector<const job::Job*> written, left_out;
           for (const job::Job* job : pending) {
             (inserted.contains(job->id) ? written : left_out).push_back(job);
@@ -199,13 +219,11 @@ absl::StatusOr<std::vector<InsertOutcome>> PgJobStore::InsertMany(const std::vec
             if (!undo.empty()) txn.exec_prepared(kUndoInserts.name, TextArrayLiteral(undo));
             for (const job::Job* job : written) {
               if (outcomes[index[job]].deduplicated) continue;
-              outcomes[index[job]] =
-                  InsertOutcome{.job_id = job->id, .deduplicated = false, .seq = inserted[job->id]};
+              outcomes[index[job]] = WrittenOutcome(job->id, inserted[job->id]);
             }
           } else {
             for (const job::Job* job : written) {
-              outcomes[index[job]] =
-                  InsertOutcome{.job_id = job->id, .deduplicated = false, .seq = inserted[job->id]};
+              outcomes[index[job]] = WrittenOutcome(job->id, inserted[job->id]);
             }
           }
           pending.clear();

@@ -41,6 +41,11 @@ absl::Status FenceHolds(pqxx::transaction_base& txn, int64_t epoch) {
                                                     " but the leader is now at epoch ", now));
 }
 
+// A time column read as microseconds since the epoch; NULL is InfinitePast ("not yet").
+absl::Time MicrosField(const pqxx::field& field) {
+  return field.is_null() ? absl::InfinitePast() : absl::FromUnixMicros(field.as<int64_t>());
+}
+
 // Runs kClaim in `txn`: the ids claimed (and, if `payloads` is not null, their payloads).
 std::vector<std::string> ExecClaims(pqxx::transaction_base& txn,
                                     const std::vector<ClaimRequest>& claims, int64_t epoch,
@@ -217,6 +222,10 @@ absl::StatusOr<TurnOutcome> PgJobStore::WriteTurn(const TurnWrites& writes) {
         const std::string kind = TextFromField(row[0]);
         if (kind == "f") {
           out.finished.push_back(TextFromField(row[1]));
+          out.finished_times.push_back({.created_at = MicrosField(row[3]),
+                                        .dispatched_at = MicrosField(row[4]),
+                                        .started_at = MicrosField(row[5]),
+                                        .finished_at = MicrosField(row[6])});
         } else if (kind == "m") {
           out.marked.push_back(TextFromField(row[1]));
         } else {

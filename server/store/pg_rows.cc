@@ -231,6 +231,7 @@ InsertColumns::InsertColumns(const std::vector<const job::Job*>& jobs) {
     const job::JobSpec& spec = job->spec;
     ids.push_back(job->id);
     owners.push_back(job->owner);
+    workers.push_back(job->worker_id);
     types.push_back(spec.type);
     payloads_hex.push_back(absl::BytesToHexString(spec.payload));
     resource_ids.push_back(spec.resource_id);

@@ -104,7 +104,7 @@ std::optional<int64_t> OptionalMicros(absl::Time t);
 // kInsertJobs' parameters for `jobs`, in order, before each column becomes an array literal.
 struct InsertColumns {
   std::vector<std::string> ids, types, payloads_hex, resource_ids, fairness_keys, idempotency_keys,
-      label_keys, label_values, owners;
+      label_keys, label_values, owners, workers;
   std::vector<int32_t> max_attempts;
   std::vector<int64_t> timeouts_ms;
   std::vector<std::optional<int64_t>> deadlines_us, not_befores_us;

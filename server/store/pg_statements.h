@@ -108,34 +108,53 @@ enum Col {
   kColSeq,
 };
 
-// Inserts jobs as QUEUED in one statement, in array order (so seq follows it): $1 ids, $2 types, $3
+// Inserts jobs in one statement, in array order (so seq follows it): $1 ids, $2 types, $3
 // payloads (hex), $4 resource ids, $5 fairness keys, $6 idempotency keys, $7 label keys and $8
 // label values (each element a text-array literal), $9 max attempts, $10 timeouts (ms), $11
 // dispatch deadlines (us, NULL: none), $12 not_before (us since the epoch, NULL: none), $14
-// owners: parallel arrays, one element per job. $13: whether to NOTIFY the leader of each new
-// row, in the same statement so that the notification goes out exactly when the rows commit.
-// Returns the ids inserted and their seq; a row left out met an active job (or one earlier in
-// the same array) holding its idempotency key. created_at and dispatch_deadline_at both use
-// now(), so their difference is exactly the spec's.
+// owners, $15 the worker each job is placed on ('' for none): parallel arrays, one element per
+// job. $13: whether to NOTIFY the leader of each new row, in the same statement so that the
+// notification goes out exactly when the rows commit.
+//
+// A job placed on a worker is written DISPATCHED to it (attempt 0, dispatched_at now(), as a
+// claim leaves a row) while dispatchd_leader still holds epoch $16, the leader's fence (see
+// "Fencing" above); else it is written QUEUED and announced, like a standby's row, to whichever
+// daemon leads. $16 is NULL when no job is placed: the statement then takes no lock.
+//
+// Returns the ids inserted, their seq and whether each was written DISPATCHED; a row left out
+// met an active job (or one earlier in the same array) holding its idempotency key. created_at,
+// dispatched_at and dispatch_deadline_at all use now(), so their differences are exactly the
+// spec's.
 inline constexpr Statement kInsertJobs{"insert_jobs", R"sql(
-WITH ins AS (
+WITH fence AS (
+  SELECT 1 FROM dispatchd_leader WHERE id = 1 AND epoch = $16::int8 FOR SHARE
+), ins AS (
   INSERT INTO jobs_active (id, type, payload, resource_id, fairness_key, idempotency_key, labels,
                            state, attempt, max_attempts, timeout_ms, dispatch_deadline_at,
-                           not_before, created_at, updated_at, owner)
+                           not_before, worker_id, created_at, dispatched_at, updated_at, owner)
   SELECT r.id, r.type, decode(r.payload_hex, 'hex'), r.resource_id, r.fairness_key,
-         r.idempotency_key, jsonb_object(r.label_keys::text[], r.label_values::text[]), 'QUEUED',
+         r.idempotency_key, jsonb_object(r.label_keys::text[], r.label_values::text[]), p.state,
          0, r.max_attempts, r.timeout_ms, now() + r.deadline_us * interval '1 microsecond',
-         timestamptz 'epoch' + r.not_before_us * interval '1 microsecond', now(), now(), r.owner
+         timestamptz 'epoch' + r.not_before_us * interval '1 microsecond',
+         CASE p.state WHEN 'DISPATCHED' THEN r.worker_id ELSE '' END, now(),
+         CASE p.state WHEN 'DISPATCHED' THEN now() END, now(), r.owner
   FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[],
-              $8::text[], $9::int4[], $10::int8[], $11::int8[], $12::int8[], $14::text[])
+              $8::text[], $9::int4[], $10::int8[], $11::int8[], $12::int8[], $14::text[],
+              $15::text[])
     WITH ORDINALITY
     AS r(id, type, payload_hex, resource_id, fairness_key, idempotency_key, label_keys,
-         label_values, max_attempts, timeout_ms, deadline_us, not_before_us, owner, ord)
+         label_values, max_attempts, timeout_ms, deadline_us, not_before_us, owner, worker_id, ord)
+  CROSS JOIN LATERAL (
+    SELECT CASE WHEN r.worker_id <> '' AND EXISTS (SELECT 1 FROM fence) THEN 'DISPATCHED'
+                ELSE 'QUEUED' END AS state
+  ) p
   ORDER BY r.ord
   ON CONFLICT (owner, fairness_key, idempotency_key) WHERE idempotency_key <> '' DO NOTHING
-  RETURNING id, seq
+  RETURNING id, seq, state
 )
-SELECT ins.id, ins.seq, CASE WHEN $13::bool THEN pg_notify('dispatchd_jobs', ins.id) END
+SELECT ins.id, ins.seq, ins.state = 'DISPATCHED',
+       CASE WHEN $13::bool OR ($16::int8 IS NOT NULL AND NOT EXISTS (SELECT 1 FROM fence))
+            THEN pg_notify('dispatchd_jobs', ins.id) END
 FROM ins)sql"};
 
 // Idempotency keys, scoped to the principal that submits (the owner) and the fairness key. A
@@ -325,7 +344,7 @@ WHERE id = $1 AND )sql" DISPATCHD_PG_STATE_IS("", "'DISPATCHED' THEN attempt = $
       "m.new_state", "m.new_attempt", "decode(m.result_hex, 'hex')", "m.new_error",           \
       "CASE WHEN m.state = 'DISPATCHED' AND m.ran_us >= 0 "                                   \
       "THEN now() - m.ran_us * interval '1 microsecond' ELSE m.started_at END")               \
-  " RETURNING id)"
+  " RETURNING id, created_at, dispatched_at, started_at, finished_at)"
 // RUNNING marks (kMarkRunning for each): ids $a, attempts $b, worker ids $c. `marked` holds the
 // ids marked.
 #define DISPATCHD_PG_MARKS(a, b, c) \
@@ -371,13 +390,19 @@ inline constexpr Statement kClaim{"claim", "WITH " DISPATCHD_PG_FENCE(4) ", " DI
 
 // A whole turn in one statement, so one round trip and one commit (the rows of the three kinds
 // are disjoint, which data-modifying CTEs of one statement need): $1..$6 the finishes, $7..$9
-// the marks, $10..$12 the claims, $13 epoch. Returns (kind, id, payload): 'f' finished, 'm'
-// marked, 'c' claimed (with its payload).
+// the marks, $10..$12 the claims, $13 epoch. Returns (kind, id, payload, created, dispatched,
+// started, finished): 'f' finished (with its row's times, us since the epoch, so that the
+// dispatcher can tell RunSync the row without a read), 'm' marked, 'c' claimed (with its
+// payload).
 inline constexpr Statement kWriteTurn{
     "write_turn", "WITH " DISPATCHD_PG_FENCE(13) ", " DISPATCHD_PG_FINISHES(1, 2, 3, 4, 5, 6) ", "
         DISPATCHD_PG_MARKS(7, 8, 9) ", " DISPATCHD_PG_CLAIMS(10, 11, 12)
-        " SELECT 'f', id, NULL::bytea FROM done UNION ALL SELECT 'm', id, NULL FROM marked "
-        "UNION ALL SELECT 'c', id, payload FROM claimed"};
+        " SELECT 'f', id, NULL::bytea, (extract(epoch FROM created_at) * 1000000)::int8, "
+        "(extract(epoch FROM dispatched_at) * 1000000)::int8, "
+        "(extract(epoch FROM started_at) * 1000000)::int8, "
+        "(extract(epoch FROM finished_at) * 1000000)::int8 FROM done "
+        "UNION ALL SELECT 'm', id, NULL, NULL, NULL, NULL, NULL FROM marked "
+        "UNION ALL SELECT 'c', id, payload, NULL, NULL, NULL, NULL FROM claimed"};
 
 #undef DISPATCHD_PG_FINISHES
 #undef DISPATCHD_PG_MARKS

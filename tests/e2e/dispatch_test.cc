@@ -9,7 +9,10 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "grpcpp/client_context.h"
 #include "gtest/gtest.h"
 #include <signal.h>
 
@@ -62,6 +65,57 @@ TEST_F(DispatchTest, CtlRunPrintsWorkerResultAndStatusShowsSucceeded) {
   CommandResult state = JsonField(json_status.out, "d['state'], bool(d['finished_at'])");
   ASSERT_EQ(state.exit_code, 0) << state.err << json_status.out;
   EXPECT_EQ(absl::StripAsciiWhitespace(state.out), "JOB_STATE_SUCCEEDED True");
+}
+
+TEST_F(DispatchTest, RunSyncAnswersTheRowStatusReadsAndAnIdleWorkerGetsTheJobFromItsInsert) {
+  auto d = StartDaemon();
+  ASSERT_NE(d, nullptr);
+  auto w = StartWorker(*d, {.id = "w1", .mode = {"--exec", "cat"}});
+  ASSERT_NE(w, nullptr);
+  ASSERT_TRUE(d->WaitForWorkers(1));
+
+  // Every field the store rounds: the answer must be the row, not the request.
+  v1::RunSyncRequest req;
+  v1::JobSpec* spec = req.mutable_spec();
+  spec->set_type("echo");
+  spec->set_payload(std::string("bin\0ary", 7));
+  spec->set_resource_id("doc-7");
+  spec->set_fairness_key("alice");
+  spec->set_max_attempts(2);
+  spec->mutable_timeout()->set_seconds(90);
+  spec->mutable_timeout()->set_nanos(500'123'456);
+  spec->mutable_dispatch_deadline()->set_seconds(12);
+  spec->mutable_dispatch_deadline()->set_nanos(345'678'901);
+  const absl::Time not_before = absl::Now() - absl::Seconds(1) + absl::Nanoseconds(789);
+  spec->mutable_not_before()->set_seconds(absl::ToUnixSeconds(not_before));
+  spec->mutable_not_before()->set_nanos(static_cast<int32_t>(absl::ToInt64Nanoseconds(
+      not_before - absl::FromUnixSeconds(absl::ToUnixSeconds(not_before)))));
+  v1::RunSyncResponse run;
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    const grpc::Status s = d->jobs().RunSync(&ctx, req, &run);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+  EXPECT_EQ(run.job().state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(run.job().result(), spec->payload());
+  v1::StatusRequest status_req;
+  status_req.set_job_id(run.job().id());
+  v1::StatusResponse status;
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    const grpc::Status s = d->jobs().Status(&ctx, status_req, &status);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(run.job(), status.job()))
+      << "RunSync:\n"
+      << run.job().DebugString() << "Status:\n"
+      << status.job().DebugString();
+  // The worker was idle: the insert itself wrote the job DISPATCHED to it, in one commit.
+  EXPECT_EQ(run.job().dispatched_at().seconds(), run.job().created_at().seconds());
+  EXPECT_EQ(run.job().dispatched_at().nanos(), run.job().created_at().nanos());
+  EXPECT_EQ(run.job().worker_id(), "w1");
 }
 
 TEST_F(DispatchTest, TwoOneSlotWorkersNeverRunMoreThanTwoJobs) {

@@ -279,6 +279,64 @@ TEST_F(PgJobStoreTest, InsertManyNotifiesTheLeaderOfEachNewRowOnlyWhenAsked) {
   EXPECT_THAT(notes.payloads, UnorderedElementsAre("j_loud_1", "j_loud_2"));
 }
 
+// A job the leader places as it inserts it (worker_id set).
+Job PlacedJob(Job job, const std::string& worker_id) {
+  job.worker_id = worker_id;
+  return job;
+}
+
+TEST_F(PgJobStoreTest, APlacedJobIsWrittenDispatchedToItsWorkerByItsInsert) {
+  absl::StatusOr<std::vector<InsertOutcome>> outcomes =
+      store_->InsertMany({PlacedJob(MakeJob("j_placed"), "w1"), MakeJob("j_queued")}, false);
+  ASSERT_THAT(outcomes, IsOk());
+  EXPECT_TRUE((*outcomes)[0].dispatched);
+  EXPECT_FALSE((*outcomes)[1].dispatched);
+  const Job placed = Get("j_placed");
+  EXPECT_EQ(placed.state, JobState::kDispatched);
+  EXPECT_EQ(placed.worker_id, "w1");
+  EXPECT_EQ(placed.attempt, 0);
+  EXPECT_EQ(placed.dispatched_at, placed.created_at);  // one transaction, one commit
+  const Job queued = Get("j_queued");
+  EXPECT_EQ(queued.state, JobState::kQueued);
+  EXPECT_EQ(queued.worker_id, "");
+  // From here the placed row is what a claim leaves: its worker's attempt 1 runs and ends it.
+  EXPECT_THAT(store_->Claim({{.job_id = "j_placed", .attempt = 0, .worker_id = "w2"}}),
+              IsOkAndHolds(IsEmpty()));
+  EXPECT_THAT(store_->MarkRunning("j_placed", 1, "w1"), IsOkAndHolds(true));
+  EXPECT_THAT(
+      store_->FinishMany(
+          {{.job_id = "j_placed", .attempt = 1, .state = JobState::kSucceeded, .result = "done"}}),
+      IsOkAndHolds(ElementsAre("j_placed")));
+}
+
+TEST_F(PgJobStoreTest, ADeposedLeadersPlacedJobIsQueuedAndAnnouncedToTheNextLeader) {
+  pqxx::connection conn(db_->url());
+  JobNotifications notes(conn);
+  store_->SetFence(41);  // the leader's epoch is another
+  absl::StatusOr<std::vector<InsertOutcome>> outcomes =
+      store_->InsertMany({PlacedJob(MakeJob("j_placed"), "w1")}, false);
+  ASSERT_THAT(outcomes, IsOk());
+  EXPECT_FALSE((*outcomes)[0].dispatched);
+  const Job row = Get("j_placed");
+  EXPECT_EQ(row.state, JobState::kQueued);
+  EXPECT_EQ(row.worker_id, "");
+  for (int i = 0; i < 50 && notes.payloads.empty(); ++i) conn.await_notification(0, 100'000);
+  conn.get_notifs();
+  EXPECT_THAT(notes.payloads, ElementsAre("j_placed"));
+}
+
+TEST_F(PgJobStoreTest, APlacedDuplicateIsNotWrittenAndItsHolderStaysAsItWas) {
+  Insert(KeyedJob("j_held", "k1"));
+  absl::StatusOr<std::vector<InsertOutcome>> outcomes =
+      store_->InsertMany({PlacedJob(KeyedJob("j_dup", "k1"), "w1")}, false);
+  ASSERT_THAT(outcomes, IsOk());
+  EXPECT_TRUE((*outcomes)[0].deduplicated);
+  EXPECT_FALSE((*outcomes)[0].dispatched);
+  EXPECT_EQ((*outcomes)[0].job_id, "j_held");
+  EXPECT_EQ(Get("j_held").state, JobState::kQueued);
+  EXPECT_THAT(store_->Get("j_dup"), StatusIs(absl::StatusCode::kNotFound));
+}
+
 TEST_F(PgJobStoreTest, IdempotencyKeyOfAnActiveJobIsHeldWhateverTheWindow) {
   absl::StatusOr<std::unique_ptr<PgJobStore>> store = Connect(4, absl::ZeroDuration());
   ASSERT_THAT(store, IsOk());

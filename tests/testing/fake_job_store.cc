@@ -258,16 +258,19 @@ absl::StatusOr<std::vector<store::InsertOutcome>> FakeJobStore::InsertMany(
     row.state = JobState::kQueued;
     row.created_at = now;
     row.updated_at = now;
-    // Stored in whole microseconds, as the insert converts them.
-    if (row.spec.not_before != absl::InfinitePast()) {
-      row.spec.not_before = absl::FromUnixMicros(absl::ToUnixMicros(row.spec.not_before));
+    row.spec = job::AsStored(std::move(row.spec));  // as the insert converts it
+    // A job placed on a worker is written DISPATCHED there while the fence holds, as the
+    // leader's insert writes it; else QUEUED and announced.
+    const bool placed = !in.worker_id.empty();
+    const bool dispatched = placed && FenceHolds().ok();
+    if (dispatched) {
+      row.state = JobState::kDispatched;
+      row.worker_id = in.worker_id;
+      row.dispatched_at = now;
     }
-    if (row.spec.dispatch_deadline != absl::InfiniteDuration()) {
-      row.spec.dispatch_deadline = absl::Trunc(row.spec.dispatch_deadline, absl::Microseconds(1));
-    }
-    row.spec.timeout = absl::Trunc(row.spec.timeout, absl::Milliseconds(1));
-    outcomes[i] = store::InsertOutcome{.job_id = row.id, .deduplicated = false, .seq = row.seq};
-    if (notify_leader) notified_.push_back(row.id);
+    outcomes[i] = store::InsertOutcome{
+        .job_id = row.id, .deduplicated = false, .seq = row.seq, .dispatched = dispatched};
+    if (notify_leader || (placed && !dispatched)) notified_.push_back(row.id);
     jobs_.emplace(row.id, std::move(row));
   }
   return outcomes;
@@ -459,7 +462,13 @@ absl::StatusOr<store::TurnOutcome> FakeJobStore::WriteTurn(const store::TurnWrit
   const absl::Time now = Now();
   store::TurnOutcome out;
   for (const store::FinishRequest& r : writes.finishes) {
-    if (FinishOne(r, now)) out.finished.push_back(r.job_id);
+    if (!FinishOne(r, now)) continue;
+    out.finished.push_back(r.job_id);
+    const job::Job* row = Find(r.job_id);
+    out.finished_times.push_back({.created_at = row->created_at,
+                                  .dispatched_at = row->dispatched_at,
+                                  .started_at = row->started_at,
+                                  .finished_at = row->finished_at});
   }
   for (const store::MarkRequest& m : writes.marks) {
     if (MarkOne(m, now)) out.marked.push_back(m.job_id);

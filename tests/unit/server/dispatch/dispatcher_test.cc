@@ -6,6 +6,7 @@
 #include "server/dispatch/dispatcher.h"
 
 #include <algorithm>
+#include <future>
 #include <memory>
 #include <string>
 #include <utility>
@@ -18,6 +19,7 @@
 #include "lib/sched/admission.h"
 #include "lib/sched/admission_gate.h"
 #include "server/config/yaml_config.h"
+#include "server/store/group_inserter.h"
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/fake_job_store.h"
 
@@ -118,20 +120,54 @@ class DispatcherTest : public ::testing::Test {
  protected:
   DispatcherTest() : config_(TestConfig()), gate_(config_) {}
   ~DispatcherTest() override {
+    inserter_.reset();
     if (dispatcher_ != nullptr) dispatcher_->Stop();
   }
 
-  // Stores a QUEUED echo job.
-  void Submit(const std::string& id) {
+  // An echo job as a Submit admits it.
+  job::Job EchoJob(const std::string& id, const std::string& idempotency_key = "") {
     job::JobSpec spec;
     spec.type = "echo";
     spec.payload = "payload of " + id;
+    spec.idempotency_key = idempotency_key;
     absl::StatusOr<job::JobSpec> resolved = sched::ResolveSpec(config_, std::move(spec));
-    ASSERT_TRUE(resolved.ok()) << resolved.status();
+    EXPECT_TRUE(resolved.ok()) << resolved.status();
     job::Job job;
     job.id = id;
     job.spec = *std::move(resolved);
-    ASSERT_TRUE(store_.Insert(job).ok());
+    job.created_at = clock_.TimeNow();
+    return job;
+  }
+
+  // Stores a QUEUED echo job.
+  void Submit(const std::string& id) { ASSERT_TRUE(store_.Insert(EchoJob(id)).ok()); }
+
+  // Submits `jobs` as the leader's Submit does: through a GroupInserter that the dispatcher
+  // places them with, and once they are committed to the dispatcher (JobQueued). The future
+  // holds the insert's outcomes.
+  std::future<absl::StatusOr<std::vector<store::InsertOutcome>>> SubmitLive(
+      std::vector<job::Job> jobs) {
+    if (inserter_ == nullptr)
+      inserter_ = std::make_unique<store::GroupInserter>(store_, store::GroupInserter::Options{});
+    auto promise =
+        std::make_shared<std::promise<absl::StatusOr<std::vector<store::InsertOutcome>>>>();
+    std::future<absl::StatusOr<std::vector<store::InsertOutcome>>> future = promise->get_future();
+    inserter_->Insert(
+        std::move(jobs), /*notify_leader=*/false,
+        [this, promise](std::vector<job::Job> written,
+                        absl::StatusOr<std::vector<store::InsertOutcome>> outcomes) {
+          for (size_t i = 0; outcomes.ok() && i < written.size(); ++i) {
+            const store::InsertOutcome& o = (*outcomes)[i];
+            if (o.deduplicated) continue;
+            written[i].seq = o.seq;
+            if (o.dispatched) written[i].state = JobState::kDispatched;
+            sched::Reservation none;
+            dispatcher_->JobQueued(written[i], none);
+          }
+          promise->set_value(std::move(outcomes));
+        },
+        std::shared_ptr<store::Placer>(dispatcher_.get(), [](store::Placer*) {}));
+    return future;
   }
 
   void Start() {
@@ -229,6 +265,7 @@ class DispatcherTest : public ::testing::Test {
   JobEvents events_;
   sched::AdmissionGate gate_;
   std::unique_ptr<Dispatcher> dispatcher_;
+  std::unique_ptr<store::GroupInserter> inserter_;  // SubmitLive's
 };
 
 TEST_F(DispatcherTest, AJobRunsAndItsResultIsAcknowledgedOnceDurable) {
@@ -377,6 +414,84 @@ TEST_F(DispatcherTest, ACancelWhileTheResultIsWrittenLetsTheWorkerForgetIt) {
   ASSERT_TRUE(Eventually([&] { return w1->Acked("j1", 1); }));
   store_.Release();
   EXPECT_TRUE(Eventually([&] { return RowIs("j1", JobState::kCancelled, 0); }));
+  EXPECT_EQ(store_.misuses(), 0);
+}
+
+TEST_F(DispatcherTest, AJobSubmittedWhileAWorkerIsFreeReachesItWithItsInsertsCommit) {
+  Start();
+  auto w1 = Connect("w1");
+  dispatcher_->Workers();  // the Hello is applied
+  // A turn would stall: the job must reach its worker without one (no claim).
+  store_.StallNext("WriteTurn");
+  absl::StatusOr<std::vector<store::InsertOutcome>> out = SubmitLive({EchoJob("j1")}).get();
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_TRUE((*out)[0].dispatched);
+  ASSERT_TRUE(Eventually([&] { return Assigned(w1, "j1", 1); }));
+  EXPECT_EQ(w1->Assignments()[0].payload(), "payload of j1");
+  EXPECT_TRUE(RowIs("j1", JobState::kDispatched, 0));
+  EXPECT_EQ(Row("j1").worker_id, "w1");
+  store_.Release();
+  Accept(w1, "j1", 1);
+  Succeed(w1, "j1", 1);
+  ASSERT_TRUE(Eventually([&] { return w1->Acked("j1", 1); }));
+  EXPECT_TRUE(RowIs("j1", JobState::kSucceeded, 1));
+  EXPECT_EQ(store_.misuses(), 0);
+}
+
+TEST_F(DispatcherTest, ADeposedLeaderPlacesNothingItsInsertQueuesTheJobForTheNextLeader) {
+  Start();
+  auto w1 = Connect("w1");
+  dispatcher_->Workers();
+  store_.SetLeaderEpoch(2);  // another daemon leads now
+  absl::StatusOr<std::vector<store::InsertOutcome>> out = SubmitLive({EchoJob("j1")}).get();
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_FALSE((*out)[0].dispatched);
+  EXPECT_TRUE(RowIs("j1", JobState::kQueued, 0));
+  EXPECT_EQ(Row("j1").worker_id, "");
+  EXPECT_EQ(store_.notified(), std::vector<std::string>{"j1"});
+}
+
+TEST_F(DispatcherTest, AWorkerLostWhileItsJobsInsertIsWrittenDoesNotKeepTheJob) {
+  Start();
+  auto w1 = Connect("w1");
+  dispatcher_->Workers();
+  store_.StallNext("InsertMany");
+  std::future<absl::StatusOr<std::vector<store::InsertOutcome>>> out = SubmitLive({EchoJob("j1")});
+  ASSERT_TRUE(store_.AwaitStalled(absl::Seconds(5)));  // j1 placed on w1, being written
+  dispatcher_->WorkerDisconnected(w1);
+  dispatcher_->Workers();
+  auto w2 = Connect("w2");
+  Pass(absl::Seconds(16), w2);  // w1 is lost meanwhile
+  store_.Release();
+  absl::StatusOr<std::vector<store::InsertOutcome>> written = out.get();
+  ASSERT_TRUE(written.ok()) << written.status();
+  EXPECT_TRUE((*written)[0].dispatched);  // to w1, gone: the row goes back and on to w2
+  ASSERT_TRUE(Eventually([&] { return Assigned(w2, "j1", 1); }));
+  EXPECT_TRUE(w1->Assignments().empty());
+  EXPECT_EQ(Row("j1").worker_id, "w2");
+  EXPECT_EQ(store_.misuses(), 0);
+}
+
+TEST_F(DispatcherTest, APlacedDuplicateGivesItsSlotBack) {
+  Start();
+  auto w1 = Connect("w1", /*slots=*/2);
+  dispatcher_->Workers();
+  absl::StatusOr<std::vector<store::InsertOutcome>> first =
+      SubmitLive({EchoJob("j1", "order-1")}).get();
+  ASSERT_TRUE(first.ok() && (*first)[0].dispatched);
+  // Placed on w1's second slot, but its key is held: nothing is written.
+  absl::StatusOr<std::vector<store::InsertOutcome>> again =
+      SubmitLive({EchoJob("j2", "order-1")}).get();
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE((*again)[0].deduplicated);
+  EXPECT_FALSE((*again)[0].dispatched);
+  EXPECT_EQ((*again)[0].job_id, "j1");
+  // The slot it held is free again.
+  absl::StatusOr<std::vector<store::InsertOutcome>> next = SubmitLive({EchoJob("j3")}).get();
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_TRUE((*next)[0].dispatched);
+  ASSERT_TRUE(Eventually([&] { return Assigned(w1, "j3", 1); }));
+  EXPECT_FALSE(Assigned(w1, "j2", 1));
   EXPECT_EQ(store_.misuses(), 0);
 }
 
