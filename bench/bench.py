@@ -88,8 +88,14 @@ Examples:
   python3 bench/bench.py ceiling --runs 3                            # ~30 s per run
   python3 bench/bench.py profile --runs 3                            # ~2 min per run
   python3 bench/bench.py fleet --runs 3 --jobs 20000                 # ~2 min per run
+  python3 bench/plots.py OUT.json                  # redraw OUT.png from a sitting's files
 
-Python 3 standard library only; needs the binaries in build/ (or --build) and psql.
+Each sitting also draws OUT.png, its scenario's figure, from OUT.csv and OUT.json (bench/plots.py;
+--no-plot skips it). That needs matplotlib (Debian: python3-matplotlib, for /usr/bin/python3);
+without it the sitting says so and goes on.
+
+Python 3 standard library only, plus matplotlib for the plot; needs the binaries in build/ (or
+--build) and psql.
 """
 
 import argparse
@@ -105,6 +111,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -125,6 +132,7 @@ from lab_run import lab_summary, print_lab, run_lab, write_lab_series  # noqa: E
 import ceiling  # noqa: E402
 import cost_profile as profile  # noqa: E402
 import fleet  # noqa: E402
+import plots  # noqa: E402
 
 PEER = os.path.join(os.path.dirname(REPO), "shared", "peers", "graphile-yardstick")
 
@@ -429,6 +437,23 @@ class Bench:
         return find_binary(os.path.abspath(self.args.build), "dispatch-fleet", "bench/fleet")
 
 
+def draw_plot(out):
+    """OUT.png from the sitting's OUT.csv and OUT.json (bench/plots.py): its path, or None. No
+    plot costs the sitting nothing, since its figures are written already; the log says why there
+    is none and how to draw it later."""
+    redraw = f"/usr/bin/python3 bench/plots.py {out}.json"
+    try:
+        png = plots.draw(out)
+        if png is None:
+            log(f"no plot; once matplotlib is there: {redraw}")
+        return png
+    except plots.PlotError as e:
+        log(f"no plot: {e}")
+    except Exception:  # a plotting bug must not fail a sitting whose figures are written
+        log(f"no plot: bench/plots.py failed ({redraw} to retry):\n{traceback.format_exc()}")
+    return None
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -465,7 +490,10 @@ def main():
     g.add_argument("--probe-inflight", type=int, default=1, help="probes in flight at most")
     p.add_argument("--pg-url", help="use this PostgreSQL server (a database per run is created)")
     p.add_argument("--build", default=os.path.join(REPO, "build"))
-    p.add_argument("--out", help="write OUT.json and OUT.csv (default bench-SCENARIO-TIME)")
+    p.add_argument("--out",
+                   help="write OUT.json, OUT.csv and OUT.png (default bench-SCENARIO-TIME)")
+    p.add_argument("--no-plot", action="store_true",
+                   help="do not draw OUT.png (redraw it later: python3 bench/plots.py OUT.json)")
     p.add_argument("--no-peer", action="store_true", help="skip the graphile-worker yardstick")
     p.add_argument("--keep-dbs", action="store_true")
     ceiling.add_arguments(p)
@@ -581,11 +609,15 @@ def main():
         w.writeheader()
         for i, r in enumerate(runs, 1):
             w.writerow({"run": i, **r})
+    written = [out + ".json", out + ".csv"]
     if details:
         write_lab_series(out + "-series.csv", runs, details)
-        print(f"  wrote {out}.json, {out}.csv and {out}-series.csv")
-    else:
-        print(f"  wrote {out}.json and {out}.csv")
+        written.append(out + "-series.csv")
+    if not args.no_plot:
+        png = draw_plot(out)  # after the files it draws from
+        if png:
+            written.append(png)
+    print(f"  wrote {', '.join(written[:-1])} and {written[-1]}")
 
 
 if __name__ == "__main__":
