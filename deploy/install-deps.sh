@@ -26,6 +26,8 @@ PACKAGES=(
   postgresql-15
   # Python SDK
   python3 python3-grpcio python3-protobuf
+  # bench/bench.py's plots (bench/plots.py) and their test, with Debian's /usr/bin/python3
+  python3-matplotlib
   # Node.js, for the grpc-js client test (tests/thirdparty; its npm packages are pinned in
   # tests/thirdparty/grpcjs/package-lock.json and installed with `npm ci`). npm: see below.
   nodejs
