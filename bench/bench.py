@@ -4,8 +4,9 @@
 One entry point for every scenario. It starts its own PostgreSQL 15 with durable settings (fsync
 and synchronous_commit on, as in production) or uses --pg-url, runs the named scenario --runs
 times on a fresh database each time, prints a table of the medians, and writes every run to
-JSON and CSV. Where a peer applies it runs ../shared/peers/graphile-yardstick on the same server
-in the same sitting and prints the ratio.
+JSON and CSV. Where a peer applies (drain, latency) it runs graphile-worker on the same server in
+the same sitting and prints the ratio: ../shared/peers/graphile-yardstick for the drain,
+bench/peer/graphile-latency.js for the latency.
 
 Scenarios:
   drain   --jobs no-op jobs (default 100000) queued in the database, then drained by --workers
@@ -42,7 +43,12 @@ Scenarios:
           second, at most --probe-inflight (1) at once, then as many RunSync calls. Submit to
           worker: from the client's send to the worker's handler start (both CLOCK_REALTIME on
           this host, from dispatch-loadgen --record and dispatch-worker --start-log); RunSync
-          round trip: send to answer. p50, p99 and p999.
+          round trip: send to answer. p50, p99 and p999. Peer (unless --no-peer): after
+          dispatchd's runs, --runs runs of bench/peer/graphile-latency.js on the same server: a
+          graphile-worker runner (--peer-concurrency 4) in one Node process that adds as many
+          probe jobs by add_job, at the same rate, and times add_job's send to the task's start
+          (and to add_job's answer). Targets against it, medians of the runs: Submit to worker
+          p50 <= 0.35x and p99 <= 0.5x its p50 and p99, RunSync p50 <= 0.6x its p50.
   ceiling PostgreSQL alone on the same writes: the pgbench scripts of bench/ceiling/ on
           dispatchd's schema, --ceiling-clients (4) clients: claim_complete.sql claims 100 of
           --jobs queued rows and moves them to jobs_done, insert_claim_complete.sql inserts 100
@@ -135,6 +141,20 @@ import fleet  # noqa: E402
 import plots  # noqa: E402
 
 PEER = os.path.join(os.path.dirname(REPO), "shared", "peers", "graphile-yardstick")
+# The latency scenario's peer: graphile-worker's add_job to task start, probed at the same rate.
+PEER_LATENCY = os.path.join(HERE, "peer", "graphile-latency.js")
+# Where graphile-yardstick installs graphile-worker and pg (YARDSTICK_CACHE moves it there too);
+# the latency probe uses the same copy, installed the same way when it is missing.
+PEER_CACHE = os.environ.get("YARDSTICK_CACHE") or os.path.expanduser(
+    "~/.cache/dispatchd-yardstick")
+PEER_PACKAGES = ("graphile-worker@0.18.0", "pg@8")
+# The latency targets set against the peer, measured in the same sitting on the same server:
+# dispatchd's figure (median of its runs) / graphile-worker's add_job to task start at percentile
+# pct (median of its runs) <= limit. graphile-worker has no RunSync, so its add_job to task start
+# is RunSync's yardstick too.
+PEER_LATENCY_TARGETS = (("submit_to_worker_p50_ms", "p50", 0.35),
+                        ("submit_to_worker_p99_ms", "p99", 0.5),
+                        ("runsync_p50_ms", "p50", 0.6))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -180,6 +200,79 @@ def run_peer_drain(b):
     if not runs or not best:
         raise BenchError(f"cannot read graphile-yardstick's output:\n{r.stdout}")
     return {"runs": runs, "median": statistics.median(runs), "best": int(best.group(1))}
+
+
+def peer_node_modules():
+    """The node_modules folder with graphile-worker 0.18.0 and pg 8, installed from the npm
+    registry into PEER_CACHE as graphile-yardstick installs them, if they are not there yet."""
+    modules = os.path.join(PEER_CACHE, "node_modules")
+    if os.path.isdir(os.path.join(modules, "graphile-worker")):
+        return modules
+    log(f"installing {' '.join(PEER_PACKAGES)} into {PEER_CACHE} ...")
+    os.makedirs(PEER_CACHE, exist_ok=True)
+    for argv in (["npm", "init", "-y"],
+                 ["npm", "install", "--no-audit", "--no-fund", *PEER_PACKAGES]):
+        try:
+            r = subprocess.run(argv, cwd=PEER_CACHE, capture_output=True, text=True, timeout=900)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise BenchError(f"{' '.join(argv)} in {PEER_CACHE}: {e}")
+        if r.returncode != 0:
+            raise BenchError(f"{' '.join(argv)} in {PEER_CACHE} failed ({r.returncode}):\n"
+                             f"{r.stdout}{r.stderr}")
+    return modules
+
+
+def run_peer_latency(b):
+    """graphile-worker's light-load latency on the same server, --runs times at the latency
+    scenario's --probes, --warmup and --rate (bench/peer/graphile-latency.js, on a fresh database
+    each run): add_job sent to the task's start, and to add_job's answer. Each run's figures and
+    their medians."""
+    a = b.args
+    env = dict(os.environ, NODE_PATH=peer_node_modules())
+    db = "yardstick_lat"
+    runs, version = [], ""
+    try:
+        for i in range(1, a.runs + 1):
+            argv = ["node", PEER_LATENCY, "--url", b.pg.url, "--db", db, "--fresh",
+                    "--probes", str(a.probes), "--warmup", str(a.warmup), "--rate", str(a.rate),
+                    "--concurrency", str(a.peer_concurrency), "--timeout", str(int(a.timeout))]
+            try:
+                r = subprocess.run(argv, capture_output=True, text=True, env=env,
+                                   timeout=a.timeout + 60)
+            except (OSError, subprocess.TimeoutExpired) as e:
+                raise BenchError(f"graphile-latency.js: {e}")
+            if r.returncode != 0:
+                raise BenchError(f"graphile-latency.js failed ({r.returncode}):\n"
+                                 f"{r.stdout}{r.stderr}")
+            try:
+                got = json.loads(r.stdout.strip().splitlines()[-1])
+                version = got.get("version", version)
+                run = {"probes": got["probes"], "late_probes": got["late_probes"]}
+                for kind in ("add_to_start", "add_answered"):
+                    for pct in ("p50", "p90", "p99", "p999", "max"):
+                        run[f"{kind}_{pct}_ms"] = got[f"{kind}_ms"][pct]
+            except (ValueError, KeyError, IndexError, TypeError):
+                raise BenchError(f"cannot read graphile-latency.js's output:\n{r.stdout}")
+            log(f"  graphile-worker latency run {i}: " +
+                " ".join(f"{k}={v}" for k, v in run.items()))
+            runs.append(run)
+    finally:
+        if not a.keep_dbs:
+            b.pg.drop_db(db)
+    return {"peer": f"graphile-worker {version}".strip(),
+            "concurrency": a.peer_concurrency, "runs": runs, "median": median_figures(runs)}
+
+
+def peer_latency_ratios(med, peer):
+    """dispatchd's latencies over the peer's (both medians of their runs) against
+    PEER_LATENCY_TARGETS: {figure_to_peer_pct: (ratio, limit, met)}."""
+    out = {}
+    for key, pct, limit in PEER_LATENCY_TARGETS:
+        own, theirs = med.get(key), peer["median"].get(f"add_to_start_{pct}_ms")
+        if isinstance(own, (int, float)) and theirs:
+            ratio = own / theirs
+            out[f"{key[:-3]}_to_peer_{pct}"] = (ratio, limit, ratio <= limit)
+    return out
 
 
 # ------------------------------------------------------------------------------------------------
@@ -488,13 +581,15 @@ def main():
     g.add_argument("--warmup", type=int, default=20, help="probes per kind left out first")
     g.add_argument("--rate", type=float, default=100, help="probes per second")
     g.add_argument("--probe-inflight", type=int, default=1, help="probes in flight at most")
+    g.add_argument("--peer-concurrency", type=int, default=4,
+                   help="graphile-worker's concurrency for its latency probes")
     p.add_argument("--pg-url", help="use this PostgreSQL server (a database per run is created)")
     p.add_argument("--build", default=os.path.join(REPO, "build"))
     p.add_argument("--out",
                    help="write OUT.json, OUT.csv and OUT.png (default bench-SCENARIO-TIME)")
     p.add_argument("--no-plot", action="store_true",
                    help="do not draw OUT.png (redraw it later: python3 bench/plots.py OUT.json)")
-    p.add_argument("--no-peer", action="store_true", help="skip the graphile-worker yardstick")
+    p.add_argument("--no-peer", action="store_true", help="skip the graphile-worker peer (drain, latency)")
     p.add_argument("--keep-dbs", action="store_true")
     ceiling.add_arguments(p)
     profile.add_arguments(p)
@@ -551,6 +646,9 @@ def main():
             log("graphile-worker yardstick on the same server ...")
             peer = run_peer_drain(b)
             log(f"graphile-worker: {peer}")
+        elif args.scenario == "latency" and not args.no_peer:
+            log("graphile-worker's latency on the same server ...")
+            peer = run_peer_latency(b)
     finally:
         b.pg.stop()
         shutil.rmtree(b.workdir, ignore_errors=True)
@@ -576,7 +674,26 @@ def main():
                 targets[k] = record
     if tables:
         profile.print_tables(tables[-1], len(tables))
-    if peer:
+    if peer and args.scenario == "latency":
+        pm = peer["median"]
+        ratios = peer_latency_ratios(med, peer)
+        width = max([width, *map(len, ratios)])
+        print(f"  {'graphile-worker':<{width}}  add_job to task start p50 "
+              f"{pm['add_to_start_p50_ms']:g} ms, p99 {pm['add_to_start_p99_ms']:g} ms; add_job "
+              f"answered p50 {pm['add_answered_p50_ms']:g} ms  (median of {len(peer['runs'])} "
+              f"run(s), concurrency {peer['concurrency']})")
+        print(f"  {'':<{width}}  runs: p50 {[r['add_to_start_p50_ms'] for r in peer['runs']]}, "
+              f"p99 {[r['add_to_start_p99_ms'] for r in peer['runs']]}")
+        for kind in ("add_to_start", "add_answered"):
+            for pct in ("p50", "p99"):
+                med[f"peer_{kind}_{pct}_ms"] = pm[f"{kind}_{pct}_ms"]
+        for key, (ratio, limit, met) in ratios.items():
+            print(f"  {key:<{width}}  {ratio:.3f}    (target <= {limit}: "
+                  f"{'met' if met else 'MISSED'})")
+            med[key] = round(ratio, 3)
+            targets[key] = {"target": limit, "op": "<=", "ratio": round(ratio / limit, 3),
+                            "met": met}
+    elif peer:
         # The target compares medians; the ratio to the peer's best run is shown beside it.
         ratio = med["jobs_per_s"] / peer["median"]
         ratio_best = med["jobs_per_s"] / peer["best"]
