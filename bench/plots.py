@@ -7,9 +7,10 @@ bench.py draws it after each scenario (unless --no-plot). To redraw from files a
   python3 bench/plots.py OUT.csv --scenario drain    # a CSV alone: no machine, peer or targets
 
 Each run's figures come from OUT.csv (one row per run); OUT.json adds what the CSV does not hold:
-the machine and the date for the title, the drain's graphile-worker runs, the targets, the
-arguments. Each scenario in FIGURES has a figure of its own; any other scenario, or a CSV that
-lacks the columns its figure needs, gets a bar chart of its numeric columns, one panel per unit.
+the machine and the date for the title, the drain's and the latency's graphile-worker runs, the
+targets, the arguments. Each scenario in FIGURES has a figure of its own; any other scenario, or a
+CSV that lacks the columns its figure needs, gets a bar chart of its numeric columns, one panel
+per unit.
 
 Needs matplotlib: Debian's python3-matplotlib is for /usr/bin/python3 (deploy/install-deps.sh
 installs it). Without it, draw() says how to get it and draws nothing. The rest is the standard
@@ -245,39 +246,88 @@ LATENCY_SPLIT = (("send_to_insert_p50_ms", "send to insert"),
                  ("claim_to_handler_p50_ms", "claim to handler"))
 
 
+# bench.py latency's peer (OUT.json's peer): graphile-worker's probes, after dispatchd's runs.
+PEER_LATENCY_KINDS = (("add_to_start", "graphile-worker:\nadd_job to task start"),
+                      ("add_answered", "graphile-worker:\nadd_job answer"))
+
+
+def peer_latency(s):
+    """The latency peer's runs in OUT.json: ([(kind, name)] that it has, [run dicts], {medians}),
+    or ([], [], {}) without one."""
+    peer = s.doc.get("peer") or {}
+    runs = [r for r in peer.get("runs") or [] if isinstance(r, dict)]
+    med = peer.get("median") if isinstance(peer.get("median"), dict) else {}
+    kinds = [(k, name) for k, name in PEER_LATENCY_KINDS
+             if any(is_number(r.get(f"{k}_p50_ms")) for r in runs)]
+    return kinds, runs, med
+
+
+def peer_targets(s, peer_med):
+    """The targets set against the peer (OUT.json's targets KIND_PCT_to_peer_PEERPCT, a limit on
+    the ratio): {(kind, pct): the latency in ms it allows, limit x the peer's median}."""
+    out = {}
+    for key, t in (s.doc.get("targets") or {}).items():
+        m = re.fullmatch(r"(.+)_(p\d+)_to_peer_(p\d+)", key)
+        theirs = peer_med.get(f"add_to_start_{m.group(3)}_ms") if m else None
+        if m and isinstance(t, dict) and is_number(t.get("target")) and is_number(theirs):
+            out[(m.group(1), m.group(2))] = t["target"] * theirs
+    return out
+
+
 def latency_figure(plt, s):
-    """p50 and p99 of each probe kind (median of the runs, each run a dot, targets dashed); and
-    Submit to worker's p50 split where the rows' created_at and dispatched_at fall."""
+    """p50 and p99 of each probe kind (median of the runs, each run a dot, targets dashed), and
+    beside them graphile-worker's where OUT.json has its runs (hatched; the targets set as a
+    ratio to it dotted, at the latency they allow); and Submit to worker's p50 split where the
+    rows' created_at and dispatched_at fall."""
     kinds = [(k, name) for k, name in LATENCY_KINDS if s.has(f"{k}_p50_ms")]
     if not kinds:
         raise PlotError("latency: no *_p50_ms column")
+    peer_kinds, peer_runs, peer_med = peer_latency(s)
+    allowed = peer_targets(s, peer_med)
     split = [(k, name) for k, name in LATENCY_SPLIT if s.has(k)]
-    fig, axes = figure(plt, s, 2 if split else 1)
+    fig, axes = figure(plt, s, 2 if split else 1, width=6.0 + 1.5 * len(peer_kinds))
     ax = axes[0]
     pcts = ("p50", "p99")
     width = 0.38
+    groups = [(k, name, False) for k, name in kinds] + [(k, n, True) for k, n in peer_kinds]
     for j, pct in enumerate(pcts):
-        xs = [g + (j - 0.5) * width for g in range(len(kinds))]
-        med = [s.median(f"{k}_{pct}_ms") for k, _ in kinds]
-        drawn = ax.bar(xs, [float("nan") if v is None else v for v in med], width,
-                       label=f"{pct} (median of the runs)")
-        ax.bar_label(drawn, labels=[fmt(v) for v in med], fontsize=7, padding=1)
-        for x, (k, _) in zip(xs, kinds):
-            vals = [v for v in s.col(f"{k}_{pct}_ms") if v is not None]
+        xs = [g + (j - 0.5) * width for g in range(len(groups))]
+        med = [peer_med.get(f"{k}_{pct}_ms") if peer else s.median(f"{k}_{pct}_ms")
+               for k, _, peer in groups]
+        drawn = ax.bar(xs, [v if is_number(v) else float("nan") for v in med], width,
+                       label=f"{pct} (median of the runs)", color=f"C{j}",
+                       hatch=["//" if peer else "" for _, _, peer in groups])
+        ax.bar_label(drawn, labels=[fmt(v) if is_number(v) else "" for v in med], fontsize=7,
+                     padding=1)
+        for x, (k, _, peer) in zip(xs, groups):
+            vals = [r.get(f"{k}_{pct}_ms") for r in peer_runs] if peer else \
+                s.col(f"{k}_{pct}_ms")
+            vals = [v for v in vals if is_number(v)]
             ax.plot([x] * len(vals), vals, "k.", markersize=4)
+            if peer:
+                continue
             t = s.target(f"{k}_{pct}_ms")
             if t is not None:
                 ax.hlines(t, x - width / 2, x + width / 2, colors="r", linestyles="--")
+            if (k, pct) in allowed:
+                ax.hlines(allowed[(k, pct)], x - width / 2, x + width / 2, colors="m",
+                          linestyles=":", linewidth=2, zorder=3)
     ax.plot([], [], "k.", label="each run")
     ax.plot([], [], "r--", label="target")
-    ax.set_xticks(range(len(kinds)))
-    ax.set_xticklabels([name for _, name in kinds])
+    if allowed:
+        ax.plot([], [], "m:", linewidth=2, label="target as a ratio to graphile-worker")
+    if peer_kinds:
+        ax.axvline(len(kinds) - 0.5, color="0.6", linewidth=0.8)
+    ax.set_xticks(range(len(groups)))
+    ax.set_xticklabels([name for _, name, _ in groups], fontsize=8 if peer_kinds else None)
     ax.set_ylabel("ms")
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=7)
     probes = s.median("probes")
-    ax.set_title(f"light load: {fmt(probes)} probes of each kind per run" if probes else
-                 "light load", fontsize=9)
+    title = f"light load: {fmt(probes)} probes of each kind per run" if probes else "light load"
+    if peer_kinds:
+        title += "; graphile-worker's after dispatchd's runs, same server"
+    ax.set_title(title, fontsize=9)
     if split:
         ax = axes[1]
         bottom = [0.0] * len(s.rows)

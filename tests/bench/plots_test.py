@@ -109,6 +109,24 @@ def lab_series(path):
                     w.writerow([run, run, system, k, 20 + (k * 7) % 9, 25])
 
 
+def latency_peer():
+    """OUT.json's peer for latency: graphile-worker's probe runs, as bench.py records them."""
+    runs = runs_of({"probes": 1000, "late_probes": 0,
+                    **{f"{kind}_{pct}_ms": three(base * scale)
+                       for kind, base in (("add_to_start", 4.0), ("add_answered", 2.9))
+                       for pct, scale in (("p50", 1.0), ("p90", 1.4), ("p99", 2.2),
+                                          ("p999", 4.0), ("max", 5.0))}})
+    return {"peer": "graphile-worker 0.18.0", "concurrency": 4, "runs": runs,
+            "median": {k: sorted(r[k] for r in runs)[1] for k in runs[0]}}
+
+
+# The targets bench.py sets against the latency peer: a limit on dispatchd's figure / its.
+LATENCY_PEER_TARGETS = {
+    "submit_to_worker_p50_to_peer_p50": {"target": 0.35, "op": "<=", "ratio": 1.29, "met": False},
+    "submit_to_worker_p99_to_peer_p99": {"target": 0.5, "op": "<=", "ratio": 0.55, "met": True},
+    "runsync_p50_to_peer_p50": {"target": 0.6, "op": "<=", "ratio": 1.08, "met": False}}
+
+
 # scenario -> (the runs' rows, what OUT.json adds to them).
 SITTINGS = {
     "drain": (drain_runs, {"peer": {"runs": [13100, 13650, 12900], "median": 13100,
@@ -122,7 +140,9 @@ SITTINGS = {
         "runsync_p50_ms": three(2.6), "runsync_p99_ms": three(4.0),
         "runsync_p999_ms": three(7.0), "runsync_max_ms": three(11.0), "late_probes": 0}),
         {"targets": {"submit_to_worker_p50_ms": {"target": 1.0, "op": "<=", "ratio": 1.8,
-                                                 "met": False}}}),
+                                                 "met": False},
+                     **LATENCY_PEER_TARGETS},
+         "peer": latency_peer()}),
     "profile": (profile_runs, {}),
     "fleet": (fleet_runs, {"targets": {"fleet_to_drain": {"target": 0.8, "op": ">=",
                                                           "ratio": 1.16, "met": True}}}),
@@ -261,6 +281,28 @@ class DrawTest(PngCheck, unittest.TestCase):
         os.makedirs(d)
         rows = [{k: v for k, v in drain_runs()[0].items() if "ceiling" not in k}]
         self.assert_png(plots.draw(write_sitting(d, "drain", rows), strict=True))
+
+    def test_latency_with_and_without_its_peer(self):
+        d = os.path.join(self.tmp.name, "latency-peer")
+        os.makedirs(d)
+        rows, extra = SITTINGS["latency"]
+        s = plots.Sitting(write_sitting(d, "latency", rows(), extra))
+        kinds, runs, med = plots.peer_latency(s)
+        self.assertEqual([k for k, _ in kinds], ["add_to_start", "add_answered"])
+        self.assertEqual(len(runs), 3)
+        # Each target against the peer, at the latency it allows: the limit x the peer's median.
+        allowed = plots.peer_targets(s, med)
+        self.assertEqual(set(allowed), {("submit_to_worker", "p50"), ("submit_to_worker", "p99"),
+                                        ("runsync", "p50")})
+        self.assertAlmostEqual(allowed[("submit_to_worker", "p99")], 0.5 * 4.0 * 2.2)
+        self.assertAlmostEqual(allowed[("runsync", "p50")], 0.6 * 4.0)
+        self.assert_png(plots.draw(s.base, strict=True))
+        # latency --no-peer: no peer, no targets against it.
+        d = os.path.join(self.tmp.name, "latency-no-peer")
+        os.makedirs(d)
+        s = plots.Sitting(write_sitting(d, "latency", rows()))
+        self.assertEqual(plots.peer_latency(s), ([], [], {}))
+        self.assert_png(plots.draw(s.base, strict=True))
 
     def test_without_its_columns_a_scenario_falls_back_to_the_generic_chart(self):
         d = os.path.join(self.tmp.name, "fallback")
