@@ -228,6 +228,9 @@ def run_peer_latency(b):
     each run): add_job sent to the task's start, and to add_job's answer. Each run's figures and
     their medians."""
     a = b.args
+    if "://" not in b.pg.url:
+        raise BenchError("the graphile-worker peer needs --pg-url as a postgresql:// URL "
+                         "(or --no-peer)")
     env = dict(os.environ, NODE_PATH=peer_node_modules())
     db = "yardstick_lat"
     runs, version = [], ""
