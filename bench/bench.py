@@ -592,7 +592,8 @@ def main():
                    help="write OUT.json, OUT.csv and OUT.png (default bench-SCENARIO-TIME)")
     p.add_argument("--no-plot", action="store_true",
                    help="do not draw OUT.png (redraw it later: python3 bench/plots.py OUT.json)")
-    p.add_argument("--no-peer", action="store_true", help="skip the graphile-worker peer (drain, latency)")
+    p.add_argument("--no-peer", action="store_true",
+                   help="skip the graphile-worker peer (drain, latency)")
     p.add_argument("--keep-dbs", action="store_true")
     ceiling.add_arguments(p)
     profile.add_arguments(p)
