@@ -242,17 +242,26 @@ void Dispatcher::ApplyPlaced(const std::vector<std::string>& landed,
     placing_.erase(id);
     scheduler_.Retract(id);
   }
+  const absl::Time now = clock_.TimeNow();
   for (const std::string& id : landed) {
-    if (auto it = placing_.find(id); it != placing_.end()) it->second.landed = true;
+    if (auto it = placing_.find(id); it != placing_.end()) {
+      it->second.landed = true;
+      it->second.since = now;  // ExpirePlacements counts from here
+    }
   }
 }
 
 void Dispatcher::TakePlaced(job::Job row, absl::Time now) {
   auto p = placing_.find(row.id);
   if (p == placing_.end()) {
-    // Forgotten (ExpirePlacements) or from another term: the reconcile adopts the row.
+    // Placed by an earlier term of this daemon, or forgotten (ExpirePlacements). No Assign went
+    // out for it (only the loop that gets its JobQueued sends one), so the row goes back to the
+    // queue at once, no attempt used, rather than wait out orphan_grace.
     server::Log("dispatch")
-        ->warn("placed job={} came with no placement: left to the reconcile", row.id);
+        ->warn("placed job={} came with no placement here: returning it to the queue", row.id);
+    const std::string id = row.id;
+    HoldPlaced(std::move(row), now);
+    Orphan(jobs_.at(id), "placed but never assigned", now);
     return;
   }
   const Placing placing = std::move(p->second);
@@ -394,6 +403,9 @@ void Dispatcher::OnRowChanged(const job::Job& row, absl::Time now) {
     }
     if (pager_.Hold(row, scheduler_.queued_of(row.spec.type, row.spec.fairness_key))) Keep(row);
     return;
+  }
+  if (auto p = placing_.find(row.id); p != placing_.end() && job::IsTerminal(row.state)) {
+    p->second.dropped = true;  // ended before this loop held it
   }
   if (job::IsTerminal(row.state) && it != jobs_.end()) {
     Drop(row.id, absl::StrCat("job ", job::ToString(row.state)), now);
@@ -663,7 +675,19 @@ void Dispatcher::Sweep(absl::Time now) {
       Repaired(metrics::repair::kCountDrift);
     }
   }
-  if (now >= next_reconcile_ && !reconcile_in_flight_) reconcile_due_ = true;
+  if (now >= next_reconcile_ && !reconcile_in_flight_ && !reconcile_due_) {
+    reconcile_due_ = true;
+    reconcile_due_since_ = now;
+  }
+  if (reconcile_due_ && !placing_.empty() && now - reconcile_due_since_ > kReconcileWait) {
+    // An insert carrying a placement is slow; turns wait while the reconcile is due, so it waits
+    // for the next round rather than hold them up.
+    server::Log("dispatch")
+        ->debug("reconcile: {} placements still being written; put off for {}", placing_.size(),
+                absl::FormatDuration(kReconcileInterval));
+    reconcile_due_ = false;
+    next_reconcile_ = now + kReconcileInterval;
+  }
   if (now >= next_expiry_) Expire(now);
 }
 

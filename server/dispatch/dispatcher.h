@@ -385,6 +385,7 @@ class Dispatcher final : public store::Placer {
   // The reconcile is due (it starts once no turn or read is in flight), or its reads are on the
   // writer (no turn starts until they are applied).
   bool reconcile_due_ ABSL_GUARDED_BY(loop_role_) = false;
+  absl::Time reconcile_due_since_ ABSL_GUARDED_BY(loop_role_) = absl::InfinitePast();
   bool reconcile_in_flight_ ABSL_GUARDED_BY(loop_role_) = false;
   // Jobs dropped (cancelled, ended elsewhere) while a turn or a read was in flight: a claim of
   // one that comes back won is no bug, and a page that still lists one does not hold it.

@@ -21,6 +21,9 @@ inline constexpr int kWriterThreads = kMaxTurnsInFlight + 1;
 inline constexpr absl::Duration kAuditInterval = absl::Seconds(10);
 // How often the jobs held here are compared with the database (reconciler.h).
 inline constexpr absl::Duration kReconcileInterval = absl::Seconds(10);
+// How long a due reconcile waits for placements in flight (their inserts) before it is put off
+// to the next round: turns wait while it is due.
+inline constexpr absl::Duration kReconcileWait = absl::Seconds(1);
 // How often the leader saves the scheduler's fair-share accounts: what a crash can lose.
 inline constexpr absl::Duration kAccountsInterval = absl::Seconds(1);
 // Heartbeats in a row that may leave out a job the daemon believes runs on the worker before the
@@ -33,7 +36,8 @@ inline constexpr int kHeartbeatMissesToLose = 2;
 inline constexpr absl::Duration kRunningMarkDelay = absl::Milliseconds(50);
 // How long a Place waits for the loop before its jobs go in QUEUED, to be claimed as usual.
 inline constexpr absl::Duration kPlaceWait = absl::Milliseconds(10);
-// A placement whose job has not come to the loop after this is forgotten (ExpirePlacements).
+// A placement whose row was written but whose job has not come to the loop after this is
+// forgotten (ExpirePlacements).
 inline constexpr absl::Duration kPlacementTimeout = absl::Seconds(10);
 // A claim the store did not grant (another session holds the row) is tried again after this.
 inline constexpr absl::Duration kClaimRetryDelay = absl::Milliseconds(100);

@@ -228,6 +228,7 @@ void Dispatcher::Answered(Held& h, bool changed, bool failed, absl::Time now,
           ended.started_at = times->started_at;
           ended.finished_at = times->finished_at;
           ended.updated_at = times->finished_at;
+          ended.spec.not_before = times->not_before;  // a retry moves it
           events_.Publish(id, state, &ended);
         } else {
           events_.Publish(id, state);

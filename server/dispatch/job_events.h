@@ -21,7 +21,8 @@ namespace dispatchd::dispatch {
 class JobEvents {
  public:
   // `ended`: for a terminal change whose row the publisher has, that row as committed but for
-  // its spec and payload (left empty); null otherwise. Valid during the call only.
+  // its spec (left empty, but for not_before, which a retry moves); null otherwise. Valid
+  // during the call only.
   using Callback = std::function<void(job::JobState state, const job::Job* ended)>;
 
   uint64_t Subscribe(const std::string& job_id, Callback callback) ABSL_LOCKS_EXCLUDED(mu_);

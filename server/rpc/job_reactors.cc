@@ -138,9 +138,11 @@ class RunSyncReactor final : public grpc::ServerUnaryReactor {
   }
 
   // Answers with the row its finish committed, `ended`, completed with the spec this call
-  // submitted (the row's spec and payload are these).
+  // submitted (the row's spec and payload are these, but for a not_before a retry moved).
   void CompleteWith(job::Job ended) {
+    const absl::Time not_before = ended.spec.not_before;
     ended.spec = own_.spec;
+    ended.spec.not_before = not_before;
     absl::MutexLock l(&mu_);
     if (finished_) return;
     convert::ToProto(ended, response_.mutable_job());

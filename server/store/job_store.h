@@ -89,6 +89,7 @@ struct TurnOutcome {
     absl::Time dispatched_at = absl::InfinitePast();
     absl::Time started_at = absl::InfinitePast();
     absl::Time finished_at = absl::InfinitePast();
+    absl::Time not_before = absl::InfinitePast();  // the spec's, or a retry's
   };
   std::vector<Times> finished_times;
 };

@@ -225,7 +225,8 @@ absl::StatusOr<TurnOutcome> PgJobStore::WriteTurn(const TurnWrites& writes) {
           out.finished_times.push_back({.created_at = MicrosField(row[3]),
                                         .dispatched_at = MicrosField(row[4]),
                                         .started_at = MicrosField(row[5]),
-                                        .finished_at = MicrosField(row[6])});
+                                        .finished_at = MicrosField(row[6]),
+                                        .not_before = MicrosField(row[7])});
         } else if (kind == "m") {
           out.marked.push_back(TextFromField(row[1]));
         } else {

@@ -344,7 +344,7 @@ WHERE id = $1 AND )sql" DISPATCHD_PG_STATE_IS("", "'DISPATCHED' THEN attempt = $
       "m.new_state", "m.new_attempt", "decode(m.result_hex, 'hex')", "m.new_error",           \
       "CASE WHEN m.state = 'DISPATCHED' AND m.ran_us >= 0 "                                   \
       "THEN now() - m.ran_us * interval '1 microsecond' ELSE m.started_at END")               \
-  " RETURNING id, created_at, dispatched_at, started_at, finished_at)"
+  " RETURNING id, created_at, dispatched_at, started_at, finished_at, not_before)"
 // RUNNING marks (kMarkRunning for each): ids $a, attempts $b, worker ids $c. `marked` holds the
 // ids marked.
 #define DISPATCHD_PG_MARKS(a, b, c) \
@@ -391,18 +391,19 @@ inline constexpr Statement kClaim{"claim", "WITH " DISPATCHD_PG_FENCE(4) ", " DI
 // A whole turn in one statement, so one round trip and one commit (the rows of the three kinds
 // are disjoint, which data-modifying CTEs of one statement need): $1..$6 the finishes, $7..$9
 // the marks, $10..$12 the claims, $13 epoch. Returns (kind, id, payload, created, dispatched,
-// started, finished): 'f' finished (with its row's times, us since the epoch, so that the
-// dispatcher can tell RunSync the row without a read), 'm' marked, 'c' claimed (with its
-// payload).
+// started, finished, not_before): 'f' finished (with its row's times, us since the epoch, so
+// that the dispatcher can tell RunSync the row without a read; a retry moved not_before), 'm'
+// marked, 'c' claimed (with its payload).
 inline constexpr Statement kWriteTurn{
     "write_turn", "WITH " DISPATCHD_PG_FENCE(13) ", " DISPATCHD_PG_FINISHES(1, 2, 3, 4, 5, 6) ", "
         DISPATCHD_PG_MARKS(7, 8, 9) ", " DISPATCHD_PG_CLAIMS(10, 11, 12)
         " SELECT 'f', id, NULL::bytea, (extract(epoch FROM created_at) * 1000000)::int8, "
         "(extract(epoch FROM dispatched_at) * 1000000)::int8, "
         "(extract(epoch FROM started_at) * 1000000)::int8, "
-        "(extract(epoch FROM finished_at) * 1000000)::int8 FROM done "
-        "UNION ALL SELECT 'm', id, NULL, NULL, NULL, NULL, NULL FROM marked "
-        "UNION ALL SELECT 'c', id, payload, NULL, NULL, NULL, NULL FROM claimed"};
+        "(extract(epoch FROM finished_at) * 1000000)::int8, "
+        "(extract(epoch FROM not_before) * 1000000)::int8 FROM done "
+        "UNION ALL SELECT 'm', id, NULL, NULL, NULL, NULL, NULL, NULL FROM marked "
+        "UNION ALL SELECT 'c', id, payload, NULL, NULL, NULL, NULL, NULL FROM claimed"};
 
 #undef DISPATCHD_PG_FINISHES
 #undef DISPATCHD_PG_MARKS

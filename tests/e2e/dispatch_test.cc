@@ -118,6 +118,47 @@ TEST_F(DispatchTest, RunSyncAnswersTheRowStatusReadsAndAnIdleWorkerGetsTheJobFro
   EXPECT_EQ(run.job().worker_id(), "w1");
 }
 
+TEST_F(DispatchTest, RunSyncOfAJobRetriedOnceAnswersTheRowStatusReads) {
+  auto d = StartDaemon({.types = {{.name = "flaky", .max_attempts = 2, .retry_backoff = "100ms"}}});
+  ASSERT_NE(d, nullptr);
+  // The first attempt fails, retryably (exit 75): the retry moves the row's not_before.
+  auto w = StartWorker(
+      *d,
+      {.id = "w1",
+       .types = {"flaky"},
+       .mode = {"--exec",
+                "if [ \"$DISPATCHD_ATTEMPT\" = 1 ]; then echo 'first try' >&2; exit 75; fi; cat"}});
+  ASSERT_NE(w, nullptr);
+  ASSERT_TRUE(d->WaitForWorkers(1));
+  v1::RunSyncRequest req;
+  req.mutable_spec()->set_type("flaky");
+  req.mutable_spec()->set_payload("second try");
+  v1::RunSyncResponse run;
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    const grpc::Status s = d->jobs().RunSync(&ctx, req, &run);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+  EXPECT_EQ(run.job().state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(run.job().attempt(), 2);
+  EXPECT_EQ(run.job().result(), "second try");
+  EXPECT_TRUE(run.job().spec().has_not_before());
+  v1::StatusRequest status_req;
+  status_req.set_job_id(run.job().id());
+  v1::StatusResponse status;
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    const grpc::Status s = d->jobs().Status(&ctx, status_req, &status);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(run.job(), status.job()))
+      << "RunSync:\n"
+      << run.job().DebugString() << "Status:\n"
+      << status.job().DebugString();
+}
+
 TEST_F(DispatchTest, TwoOneSlotWorkersNeverRunMoreThanTwoJobs) {
   auto d = StartDaemon();
   ASSERT_NE(d, nullptr);

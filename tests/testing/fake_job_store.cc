@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/algorithm/container.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -233,6 +234,10 @@ absl::StatusOr<std::vector<store::InsertOutcome>> FakeJobStore::InsertMany(
   }
   const absl::Time now = Now();
   std::vector<store::InsertOutcome> outcomes(jobs.size());
+  // A call that places jobs while the fence fails announces every row it writes, as the
+  // statement's NOTIFY does.
+  const bool places = absl::c_any_of(jobs, [](const job::Job& j) { return !j.worker_id.empty(); });
+  const bool announce = notify_leader || (places && !FenceHolds().ok());
   // Keys taken by earlier jobs of this call: the later ones get the earlier one's id.
   std::map<IdemKey, std::string> taken;
   for (size_t i = 0; i < jobs.size(); ++i) {
@@ -270,7 +275,7 @@ absl::StatusOr<std::vector<store::InsertOutcome>> FakeJobStore::InsertMany(
     }
     outcomes[i] = store::InsertOutcome{
         .job_id = row.id, .deduplicated = false, .seq = row.seq, .dispatched = dispatched};
-    if (notify_leader || (placed && !dispatched)) notified_.push_back(row.id);
+    if (announce) notified_.push_back(row.id);
     jobs_.emplace(row.id, std::move(row));
   }
   return outcomes;
@@ -468,7 +473,8 @@ absl::StatusOr<store::TurnOutcome> FakeJobStore::WriteTurn(const store::TurnWrit
     out.finished_times.push_back({.created_at = row->created_at,
                                   .dispatched_at = row->dispatched_at,
                                   .started_at = row->started_at,
-                                  .finished_at = row->finished_at});
+                                  .finished_at = row->finished_at,
+                                  .not_before = row->spec.not_before});
   }
   for (const store::MarkRequest& m : writes.marks) {
     if (MarkOne(m, now)) out.marked.push_back(m.job_id);
