@@ -212,6 +212,8 @@ class Dispatcher final : public store::Placer {
   // dispatcher.cc: the loop's housekeeping.
   void TakeQueued(job::Job job, sched::Reservation reservation)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
+  // dispatcher_placement.cc: the jobs the leader's inserts place (store::Placer).
+  //
   // Place on the loop: sets worker_id on the jobs the scheduler places now.
   void PlaceNow(std::vector<job::Job>& jobs, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
@@ -251,6 +253,8 @@ class Dispatcher final : public store::Placer {
   // An attempt's run time, from the worker's accept to its result, for a job that was accepted.
   void ObserveRun(const Held& h, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   sched::PendingJob ToPending(const Held& h) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
+  // `job` as the scheduler queues it, at `attempt` (attempts started).
+  static sched::PendingJob ToPending(const job::Job& job, int32_t attempt);
   sched::PlacedJob ToPlaced(const job::Job& job, const std::string& worker_id) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // How long an attempt that started at `started_at` has run, if that is known.
@@ -272,6 +276,8 @@ class Dispatcher final : public store::Placer {
     owed_.insert(job_id);
   }
   void CommitTurn(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
+  // Scheduler::Decide for up to kMaxDispatchesPerRound, timed into decision_seconds_.
+  std::vector<sched::Dispatch> Decide(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   void FinishTurn(Turn turn, TurnResult result) ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // A job's write in flight was answered: `changed` if the row took it, `failed` if the store
   // did not answer. `times`: a finished row's times as committed, if the store returned them.

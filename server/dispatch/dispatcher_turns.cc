@@ -79,10 +79,7 @@ void Dispatcher::CommitTurn(absl::Time now) {
     for (const store::ReturnRequest& r : turn.strays) writes.returns.push_back(r);
     turn.decisions = std::move(decided_);
     decided_.clear();
-    const auto decide_start = std::chrono::steady_clock::now();
-    std::vector<sched::Dispatch> more = scheduler_.Decide(now, kMaxDispatchesPerRound);
-    decision_seconds_->Observe(
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - decide_start).count());
+    std::vector<sched::Dispatch> more = Decide(now);
     if (turn.decisions.empty()) {
       turn.decisions = std::move(more);
     } else {
@@ -101,6 +98,14 @@ void Dispatcher::CommitTurn(absl::Time now) {
       FinishTurn(std::move(turn), std::move(result));
     });
   });
+}
+
+std::vector<sched::Dispatch> Dispatcher::Decide(absl::Time now) {
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<sched::Dispatch> decisions = scheduler_.Decide(now, kMaxDispatchesPerRound);
+  decision_seconds_->Observe(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  return decisions;
 }
 
 void Dispatcher::FinishTurn(Turn turn, TurnResult result) {

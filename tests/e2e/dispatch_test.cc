@@ -33,6 +33,35 @@ class DispatchTest : public E2eTest {
                        absl::StrCat("import json,sys; d=json.load(sys.stdin); print(", path, ")")},
                       absl::Seconds(30), json);
   }
+
+  // Runs `req` with RunSync on `d` (within 30 s), then reads the job it answered with Status:
+  // both rows, or a failure of the test.
+  static bool RunSyncThenStatus(Daemon& d, const v1::RunSyncRequest& req, v1::Job* run,
+                                v1::Job* status) {
+    v1::RunSyncResponse run_resp;
+    {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+      const grpc::Status s = d.jobs().RunSync(&ctx, req, &run_resp);
+      if (!s.ok()) {
+        ADD_FAILURE() << "RunSync: " << s.error_message();
+        return false;
+      }
+    }
+    v1::StatusRequest status_req;
+    status_req.set_job_id(run_resp.job().id());
+    v1::StatusResponse status_resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    const grpc::Status s = d.jobs().Status(&ctx, status_req, &status_resp);
+    if (!s.ok()) {
+      ADD_FAILURE() << "Status: " << s.error_message();
+      return false;
+    }
+    *run = run_resp.job();
+    *status = status_resp.job();
+    return true;
+  }
 };
 
 TEST_F(DispatchTest, CtlRunPrintsWorkerResultAndStatusShowsSucceeded) {
@@ -90,32 +119,18 @@ TEST_F(DispatchTest, RunSyncAnswersTheRowStatusReadsAndAnIdleWorkerGetsTheJobFro
   spec->mutable_not_before()->set_seconds(absl::ToUnixSeconds(not_before));
   spec->mutable_not_before()->set_nanos(static_cast<int32_t>(absl::ToInt64Nanoseconds(
       not_before - absl::FromUnixSeconds(absl::ToUnixSeconds(not_before)))));
-  v1::RunSyncResponse run;
-  {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-    const grpc::Status s = d->jobs().RunSync(&ctx, req, &run);
-    ASSERT_TRUE(s.ok()) << s.error_message();
-  }
-  EXPECT_EQ(run.job().state(), v1::JOB_STATE_SUCCEEDED);
-  EXPECT_EQ(run.job().result(), spec->payload());
-  v1::StatusRequest status_req;
-  status_req.set_job_id(run.job().id());
-  v1::StatusResponse status;
-  {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-    const grpc::Status s = d->jobs().Status(&ctx, status_req, &status);
-    ASSERT_TRUE(s.ok()) << s.error_message();
-  }
-  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(run.job(), status.job()))
+  v1::Job run, status;
+  ASSERT_TRUE(RunSyncThenStatus(*d, req, &run, &status));
+  EXPECT_EQ(run.state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(run.result(), spec->payload());
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(run, status))
       << "RunSync:\n"
-      << run.job().DebugString() << "Status:\n"
-      << status.job().DebugString();
+      << run.DebugString() << "Status:\n"
+      << status.DebugString();
   // The worker was idle: the insert itself wrote the job DISPATCHED to it, in one commit.
-  EXPECT_EQ(run.job().dispatched_at().seconds(), run.job().created_at().seconds());
-  EXPECT_EQ(run.job().dispatched_at().nanos(), run.job().created_at().nanos());
-  EXPECT_EQ(run.job().worker_id(), "w1");
+  EXPECT_EQ(run.dispatched_at().seconds(), run.created_at().seconds());
+  EXPECT_EQ(run.dispatched_at().nanos(), run.created_at().nanos());
+  EXPECT_EQ(run.worker_id(), "w1");
 }
 
 TEST_F(DispatchTest, RunSyncOfAJobRetriedOnceAnswersTheRowStatusReads) {
@@ -133,30 +148,16 @@ TEST_F(DispatchTest, RunSyncOfAJobRetriedOnceAnswersTheRowStatusReads) {
   v1::RunSyncRequest req;
   req.mutable_spec()->set_type("flaky");
   req.mutable_spec()->set_payload("second try");
-  v1::RunSyncResponse run;
-  {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-    const grpc::Status s = d->jobs().RunSync(&ctx, req, &run);
-    ASSERT_TRUE(s.ok()) << s.error_message();
-  }
-  EXPECT_EQ(run.job().state(), v1::JOB_STATE_SUCCEEDED);
-  EXPECT_EQ(run.job().attempt(), 2);
-  EXPECT_EQ(run.job().result(), "second try");
-  EXPECT_TRUE(run.job().spec().has_not_before());
-  v1::StatusRequest status_req;
-  status_req.set_job_id(run.job().id());
-  v1::StatusResponse status;
-  {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-    const grpc::Status s = d->jobs().Status(&ctx, status_req, &status);
-    ASSERT_TRUE(s.ok()) << s.error_message();
-  }
-  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(run.job(), status.job()))
+  v1::Job run, status;
+  ASSERT_TRUE(RunSyncThenStatus(*d, req, &run, &status));
+  EXPECT_EQ(run.state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(run.attempt(), 2);
+  EXPECT_EQ(run.result(), "second try");
+  EXPECT_TRUE(run.spec().has_not_before());
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(run, status))
       << "RunSync:\n"
-      << run.job().DebugString() << "Status:\n"
-      << status.job().DebugString();
+      << run.DebugString() << "Status:\n"
+      << status.DebugString();
 }
 
 TEST_F(DispatchTest, TwoOneSlotWorkersNeverRunMoreThanTwoJobs) {
