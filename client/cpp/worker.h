@@ -190,8 +190,9 @@ class Worker {
 
   // Sessions (worker_session.cc; Run() is there too).
   // How a connection attempt ended.
-  enum class SessionEnd { kFailed, kWelcomed, kRedirected, kRefused };
+  enum class SessionEnd { kFailed, kWelcomed, kDaemonStopped, kRedirected, kRefused };
   // One connection attempt to `target`: Hello, Welcome, then messages until the stream ends. On
+  // kDaemonStopped the daemon said it was stopping (Stopping) before the stream ended. On
   // kRedirected, `*redirect_to` is the leader's address (empty if the standby knew none). On
   // kRefused (the daemon does not know these credentials, or they may not serve these types:
   // trying again cannot help), `*refusal` says why.

@@ -148,11 +148,13 @@ absl::Status Worker::Run() {
       continue;
     }
     if (end != SessionEnd::kWelcomed) {
-      // The leader may have moved: try the next configured daemon.
+      // The leader may have moved (a stopping one hands over to a standby): try the next
+      // configured daemon.
       next_server = (next_server + 1) % servers_.size();
       target = servers_[next_server];
     }
-    failures = end == SessionEnd::kWelcomed ? 0 : std::min(failures + 1, 30);
+    const bool served = end == SessionEnd::kWelcomed || end == SessionEnd::kDaemonStopped;
+    failures = served ? 0 : std::min(failures + 1, 30);
     absl::Duration delay = options_.reconnect_min;
     for (int i = 1; i < failures && delay < options_.reconnect_max; ++i) delay *= 2;
     delay = std::min(delay, options_.reconnect_max);
@@ -207,6 +209,7 @@ Worker::SessionEnd Worker::RunSession(const std::string& target, const Credentia
   s->Connect();
   bool welcomed = false;
   bool redirected = false;
+  bool daemon_stopping = false;
   v1::DaemonMessage message;
   if (!s->Write(hello_message)) {
     s->Cancel();
@@ -251,6 +254,12 @@ Worker::SessionEnd Worker::RunSession(const std::string& target, const Credentia
           log->info("drain requested by daemon worker={}", options_.worker_id);
           Drain();
           break;
+        case v1::DaemonMessage::kStopping:
+          // Nothing new comes on this stream; the jobs running finish and report here as usual.
+          log->info("daemon stopping worker={} server={} message={}", options_.worker_id, target,
+                    message.stopping().message());
+          daemon_stopping = true;
+          break;
         case v1::DaemonMessage::kWelcome:
           log->warn("protocol error worker={} detail=second Welcome ignored", options_.worker_id);
           break;
@@ -277,7 +286,7 @@ Worker::SessionEnd Worker::RunSession(const std::string& target, const Credentia
     absl::MutexLock l(&mu_);
     quiet = shutdown_ || DrainDoneLocked();
   }
-  if (quiet || redirected) {
+  if (quiet || redirected || daemon_stopping) {
     log->info("stream closed worker={}", options_.worker_id);
   } else if (welcomed) {
     log->warn("stream lost worker={} code={} message={}", options_.worker_id,
@@ -286,7 +295,7 @@ Worker::SessionEnd Worker::RunSession(const std::string& target, const Credentia
     log->warn("connect failed worker={} server={} code={} message={}", options_.worker_id, target,
               static_cast<int>(status.error_code()), status.error_message());
   }
-  if (welcomed) return SessionEnd::kWelcomed;
+  if (welcomed) return daemon_stopping ? SessionEnd::kDaemonStopped : SessionEnd::kWelcomed;
   if (redirected) return SessionEnd::kRedirected;
   if (status.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
       status.error_code() == grpc::StatusCode::PERMISSION_DENIED) {

@@ -243,6 +243,10 @@ absl::Status Config::Validate() const {
                             absl::FormatDuration(worker_stale_after)));
   }
   if (orphan_grace < absl::ZeroDuration()) return Bad("orphan_grace", "must not be negative");
+  if (stop_grace < absl::ZeroDuration() || stop_grace > absl::Hours(1)) {
+    return Bad("stop_grace",
+               absl::StrCat("must be in [0s, 1h], got ", absl::FormatDuration(stop_grace)));
+  }
   if (postgres.pool_size < 1 || postgres.pool_size > 256) {
     return Bad("postgres.pool_size", absl::StrCat("must be in [1, 256], got ", postgres.pool_size));
   }

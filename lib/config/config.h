@@ -256,6 +256,9 @@ struct Config {
   // After a restart, how long jobs that were dispatched or running wait for their workers to
   // reconnect and re-adopt them before on_orphan applies.
   absl::Duration orphan_grace = absl::Seconds(30);
+  // On SIGTERM, how long a leader waits for the jobs its workers run to finish (assigning none,
+  // admitting none) before it hands its lease over and exits. 0: hand over at once.
+  absl::Duration stop_grace = absl::Seconds(30);
   // Jobs queued, dispatched or running at once; a Submit beyond it is refused with a retry hint.
   int64_t max_active = 1'000'000;
   // How long after a job ends a repeat of its idempotency_key still returns it.

@@ -75,10 +75,16 @@ Reservation& Reservation::operator=(Reservation&& other) noexcept {
   return *this;
 }
 
+void AdmissionGate::Close(std::string why) {
+  absl::MutexLock l(&mu_);
+  closed_ = std::move(why);
+}
+
 absl::StatusOr<Reservation> AdmissionGate::TryAdmit(const std::string& type,
                                                     const std::string& owner,
                                                     absl::Duration* retry_after) {
   absl::MutexLock l(&mu_);
+  if (!closed_.empty()) return absl::UnavailableError(closed_);
   const std::string* tenant = LimitedTenantOf(owner);
   if (tenant != nullptr) {
     int64_t active = 0;

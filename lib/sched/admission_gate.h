@@ -79,6 +79,10 @@ class AdmissionGate {
       ABSL_LOCKS_EXCLUDED(mu_) {
     return TryAdmit(type, "", retry_after);
   }
+  // Refuses every later TryAdmit UNAVAILABLE with `why`, which must not be empty and should
+  // start with its reason and a colon, as the limits' messages do ("stopping: ..."). The daemon
+  // closes its gate as it stops.
+  void Close(std::string why) ABSL_LOCKS_EXCLUDED(mu_);
   // What the dispatcher holds: every active job, and the queued ones per type.
   void Publish(int64_t active, absl::flat_hash_map<std::string, int64_t> queued_by_type)
       ABSL_LOCKS_EXCLUDED(mu_);
@@ -109,6 +113,7 @@ class AdmissionGate {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   mutable absl::Mutex mu_;
+  std::string closed_ ABSL_GUARDED_BY(mu_);  // why it refuses everything; empty while open
   int64_t max_active_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, int64_t> max_depth_ ABSL_GUARDED_BY(mu_);
   int64_t active_ ABSL_GUARDED_BY(mu_) = 0;

@@ -100,6 +100,7 @@ constexpr absl::string_view kTopKeys[] = {"listen",
                                           "heartbeat_interval",
                                           "worker_stale_after",
                                           "orphan_grace",
+                                          "stop_grace",
                                           "max_active",
                                           "idempotency_window",
                                           "retention",
@@ -394,6 +395,7 @@ config::Config ParseRoot(const YAML::Node& root) {
                if (key == "heartbeat_interval") c.heartbeat_interval = Duration(v, full);
                if (key == "worker_stale_after") c.worker_stale_after = Duration(v, full);
                if (key == "orphan_grace") c.orphan_grace = Duration(v, full);
+               if (key == "stop_grace") c.stop_grace = Duration(v, full);
                if (key == "max_active") c.max_active = Int(v, full);
                if (key == "idempotency_window") c.idempotency_window = Duration(v, full);
                if (key == "retention") c.retention = Duration(v, full);

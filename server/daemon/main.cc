@@ -61,6 +61,43 @@ constexpr int kExitConfig = 2;
 // without coming round before the daemon reports NOT_SERVING.
 constexpr absl::Duration kHealthPeriod = absl::Milliseconds(500);
 constexpr absl::Duration kHealthStall = absl::Seconds(5);
+// How often a stopping leader looks whether its workers' jobs have ended.
+constexpr absl::Duration kStopPoll = absl::Milliseconds(20);
+
+// The first step of a leader's stop: it assigns nothing more, tells its workers (Stopping), and
+// waits up to `grace` for the jobs they run to end and for their outcomes to be written, so that
+// they are recorded by this term rather than adopted by the next. A standby, or a leader with
+// nothing on its workers, returns at once.
+void FinishWorkersJobs(ha::Leadership& leadership, absl::Duration grace) {
+  std::shared_ptr<dispatch::Dispatcher> d = leadership.dispatcher();
+  if (d == nullptr || grace <= absl::ZeroDuration()) return;
+  auto log = server::Log("main");
+  if (!d->StopAssigning(absl::StrCat("the daemon is stopping: finish the jobs you run; it records "
+                                     "their results for up to ",
+                                     absl::FormatDuration(grace), ", then hands over"))) {
+    return;
+  }
+  const absl::Time start = absl::Now();
+  int64_t left = d->JobsInFlight();
+  if (left > 0) {
+    log->info("stopping: waiting up to {} for {} job(s) on workers", absl::FormatDuration(grace),
+              left);
+  }
+  while (left > 0 && absl::Now() - start < grace && leadership.dispatcher() == d) {
+    absl::SleepFor(kStopPoll);
+    left = d->JobsInFlight();
+  }
+  if (left < 0) {
+    log->warn("stopping: the dispatcher stopped while its workers' jobs were awaited");
+  } else if (left > 0) {
+    log->warn(
+        "stopping: {} job(s) still on workers after {}: they stay with their workers, which "
+        "report them to the next leader",
+        left, absl::FormatDuration(absl::Now() - start));
+  } else {
+    log->info("stopping: no job on any worker after {}", absl::FormatDuration(absl::Now() - start));
+  }
+}
 
 class RealClock final : public Clock {
  public:
@@ -449,9 +486,15 @@ int Run(int argc, char** argv) {
   watchdog.Stop();
   health_ticker.Stop();
   health->Shutdown();  // NOT_SERVING from now on, so that probes stop sending work here
+  // Admit nothing more: a client's Submit fails UNAVAILABLE, which it retries elsewhere.
+  admission.Close(
+      "stopping: this daemon is stopping; nothing was written: submit through another daemon of "
+      "its database, or again once it is back");
+  FinishWorkersJobs(leadership, live.Get()->stop_grace);
   if (metrics_server != nullptr) metrics_server->Stop();
-  // Stop dispatching and end the worker streams, then stop admitting and let in-flight calls end.
-  // Jobs keep their rows; workers reconnect to the next daemon and report what they still run.
+  // Stop dispatching, end the worker streams and hand the lease to a standby, then let in-flight
+  // calls end (and idle clients see the server go, up to 3 s). Jobs keep their rows; workers
+  // reconnect to the next daemon and report what they still run.
   leadership.Stop();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(3));
   server->Wait();

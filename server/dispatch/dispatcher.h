@@ -138,6 +138,15 @@ class Dispatcher final : public store::Placer {
   // after that, or nullopt if no such worker is connected (or the loop has stopped).
   std::optional<v1::WorkerInfo> DrainWorker(const std::string& worker_id);
 
+  // The daemon is stopping: from now on no worker gets a new job, each connected worker (and
+  // any that connects later) is sent Stopping with `why`, and results are still recorded. Jobs
+  // stay queued for the next leader. Waits for the loop; false if it has stopped.
+  bool StopAssigning(const std::string& why);
+  // Jobs on connected workers (assigned and not yet ended), plus jobs whose outcome or RUNNING
+  // mark is not written yet; -1 if the loop did not answer. A stopping daemon waits for this to
+  // reach 0, so that what its workers reported is recorded by its own term. Waits for the loop.
+  int64_t JobsInFlight();
+
   // Limits checked before a job is written (max_active, max_queue_depth). Thread-safe.
   sched::AdmissionGate& admission() { return admission_; }
 
@@ -337,6 +346,8 @@ class Dispatcher final : public store::Placer {
   void FlushAcks() ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   void SendTo(const std::string& worker_id, v1::DaemonMessage msg)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
+  // Marks a connected worker draining and sends it Stopping (see StopAssigning).
+  void SendStopping(const std::string& worker_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   void SendCancel(const std::string& worker_id, const std::string& job_id, int32_t attempt,
                   const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // The worker id of the session whose link this is, or empty.
@@ -408,6 +419,8 @@ class Dispatcher final : public store::Placer {
   absl::Time next_reconcile_ ABSL_GUARDED_BY(loop_role_) = absl::InfinitePast();
   absl::Time next_accounts_ ABSL_GUARDED_BY(loop_role_) = absl::InfinitePast();
   uint64_t next_session_ ABSL_GUARDED_BY(loop_role_) = 1;
+  // Why the daemon stops (StopAssigning); empty while it assigns.
+  std::string stop_assigning_ ABSL_GUARDED_BY(loop_role_);
 };
 
 }  // namespace dispatchd::dispatch

@@ -139,6 +139,39 @@ std::optional<v1::WorkerInfo> Dispatcher::DrainWorker(const std::string& worker_
   return *out;
 }
 
+bool Dispatcher::StopAssigning(const std::string& why) {
+  return RunOnLoop([this, why] {
+    loop_role_.Assert();
+    stop_assigning_ = why.empty() ? "the daemon is stopping" : why;
+    for (const auto& [worker_id, session] : sessions_) {
+      if (session.link != nullptr) SendStopping(worker_id);
+    }
+    server::Log("dispatch")->info("assigning no more jobs: {}", stop_assigning_);
+  });
+}
+
+int64_t Dispatcher::JobsInFlight() {
+  auto out = std::make_shared<int64_t>(0);
+  if (!RunOnLoop([this, out] {
+        loop_role_.Assert();
+        for (const sched::WorkerView& w : scheduler_.Workers()) {
+          auto it = sessions_.find(w.id);
+          if (it != sessions_.end() && it->second.link != nullptr) *out += w.busy;
+        }
+        *out += static_cast<int64_t>(owed_.size());
+      })) {
+    return -1;
+  }
+  return *out;
+}
+
+void Dispatcher::SendStopping(const std::string& worker_id) {
+  scheduler_.SetDraining(worker_id, true);
+  v1::DaemonMessage msg;
+  msg.mutable_stopping()->set_message(stop_assigning_);
+  SendTo(worker_id, std::move(msg));
+}
+
 std::vector<v1::WorkerInfo> Dispatcher::WorkersNow() const {
   std::vector<v1::WorkerInfo> out;
   for (const sched::WorkerView& w : scheduler_.Workers()) {
@@ -233,6 +266,7 @@ void Dispatcher::OnHello(const std::shared_ptr<WorkerLink>& link, const v1::Hell
       ->info("worker connected worker={} peer={} slots={} types={} adopted={} lost={}", worker_id,
              s.peer, hello.slots(), hello.types_size(), adopted.size(), lost.size());
   link->Send(std::move(welcome));
+  if (!stop_assigning_.empty()) SendStopping(worker_id);
 }
 
 void Dispatcher::OnAccept(const std::string& worker_id, const v1::Accept& accept, absl::Time now) {

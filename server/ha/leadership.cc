@@ -66,7 +66,17 @@ void Leadership::Stop() {
     stopping_ = true;
   }
   if (thread_.joinable()) thread_.join();
-  if (epoch_ > 0) Demote("the daemon is stopping");
+  const int64_t epoch = epoch_;
+  if (epoch > 0) Demote("the daemon is stopping");
+  // Hand over at once: a standby waiting in AwaitRelease takes the lock now, not at its next try.
+  // If the announcement fails, the lock still goes with the session below.
+  if (epoch > 0 && lease_ != nullptr) {
+    if (absl::Status released = lease_->Release(epoch); released.ok()) {
+      server::Log("ha")->info("handed the lease over epoch={}", epoch);
+    } else {
+      server::Log("ha")->warn("could not announce the lease handover: {}", released.message());
+    }
+  }
   lease_.reset();
 }
 
@@ -137,8 +147,13 @@ absl::StatusOr<std::unique_ptr<store::PgLeaderLease>> Leadership::OpenLease() co
   // A statement on the lease session that takes half a lease fails, and so does the session if
   // the network drops its packets that long: the leader then steps down (LeadTick's watchdog)
   // before a standby may end its sessions at a whole lease.
-  return store::PgLeaderLease::Connect(options_.url, ApplicationName(options_.daemon_id),
-                                       options_.connect_timeout, config_.ha.lease / 2);
+  absl::StatusOr<std::unique_ptr<store::PgLeaderLease>> lease =
+      store::PgLeaderLease::Connect(options_.url, ApplicationName(options_.daemon_id),
+                                    options_.connect_timeout, config_.ha.lease / 2);
+  if (!lease.ok()) return lease;
+  // Every daemon hears a leader hand over (Release); a standby then tries the lock at once.
+  if (absl::Status listening = (*lease)->ListenForRelease(); !listening.ok()) return listening;
+  return lease;
 }
 
 void Leadership::Loop() {
@@ -166,8 +181,18 @@ void Leadership::Loop() {
       lease_.reset();  // ends the session: a leader's lock goes with it
       next_connect_ = now + kReconnectPause;
     }
-    // The leader waits inside LeadTick (for notifications); everyone else waits here.
-    if (epoch_ == 0 || lease_ == nullptr) {
+    // The leader waits inside LeadTick (for notifications); a standby waits for a handover, and
+    // a daemon without a session for its next try.
+    if (epoch_ == 0 && lease_ != nullptr) {
+      absl::StatusOr<bool> released = lease_->AwaitRelease(tick_);
+      if (!released.ok()) {
+        lease_.reset();
+        next_connect_ = now + kReconnectPause;
+      } else if (*released) {
+        server::Log("ha")->info("the leader handed its lease over: trying it now");
+        next_try_ = now;
+      }
+    } else if (lease_ == nullptr) {
       absl::MutexLock l(&mu_);
       mu_.AwaitWithTimeout(absl::Condition(&stopping_), tick_);
     }

@@ -46,8 +46,9 @@ std::string ApplicationName(const std::string& daemon_id);
 //
 // The leader holds an advisory lock (store::PgLeaderLease), renews its lease every `ha.lease / 4`
 // and runs the one Dispatcher that schedules; its store writes carry its epoch as a fence. A
-// standby tries the lock every `ha.lease / 4`, ends the sessions of a leader that has not renewed
-// for `ha.lease`, feeds the admission gate from the database's counts once a second, and polls
+// standby tries the lock every `ha.lease / 4` and at once when a stopping leader hands it over
+// (Stop), ends the sessions of a leader that has not renewed for `ha.lease`, feeds the admission
+// gate from the database's counts once a second, and polls
 // the rows of jobs its own RunSync and Watch calls wait for (JobEvents). Losing the lease (its
 // session broke, the database restarted, another epoch began) stops the dispatcher at once; the
 // daemon then competes again as a standby, and a new term starts from the database.
@@ -69,7 +70,8 @@ class Leadership {
   // then keeps running rounds on a thread. `address` is where workers and clients reach this
   // daemon when it leads. Unavailable if the database cannot be reached.
   absl::Status Start(std::string address) ABSL_LOCKS_EXCLUDED(mu_);
-  // Stops the election; a leader stops its dispatcher and gives the lease up.
+  // Stops the election; a leader stops its dispatcher and hands the lease over: the lock is freed
+  // and the standbys are told, so one of them leads within a round (100 ms), not a lease.
   void Stop() ABSL_LOCKS_EXCLUDED(mu_);
 
   // The dispatcher of this daemon's current term; null while it does not lead.

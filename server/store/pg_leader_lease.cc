@@ -22,6 +22,8 @@ namespace dispatchd::store {
 namespace {
 
 constexpr char kChannel[] = "dispatchd_jobs";
+// A leader that steps down on purpose announces it here, so standbys try the lock at once.
+constexpr char kLeaderChannel[] = "dispatchd_leader";
 
 constexpr char kTryLock[] = "SELECT pg_try_advisory_lock($1::int8)";
 constexpr char kUnlock[] = "SELECT pg_advisory_unlock($1::int8)";
@@ -35,6 +37,10 @@ constexpr char kRenew[] =
 constexpr char kRead[] = R"sql(
 SELECT epoch, holder, address, (extract(epoch FROM now() - renewed_at) * 1000000)::int8
 FROM dispatchd_leader WHERE id = 1)sql";
+// $1 epoch. The record names no address until the next leader's bump: nobody is sent to a
+// daemon that has stopped leading.
+constexpr char kReleased[] =
+    "UPDATE dispatchd_leader SET address = '' WHERE id = 1 AND epoch = $1::int8";
 constexpr char kEvict[] = R"sql(
 SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
 WHERE application_name = $1 AND pid <> pg_backend_pid())sql";
@@ -46,8 +52,8 @@ class PgLeaderLease::Impl {
   // Collects the payloads of notifications delivered while the connection is polled.
   class Receiver final : public pqxx::notification_receiver {
    public:
-    Receiver(pqxx::connection_base& conn, std::vector<std::string>* sink)
-        : pqxx::notification_receiver(conn, kChannel), sink_(sink) {}
+    Receiver(pqxx::connection_base& conn, const char* channel, std::vector<std::string>* sink)
+        : pqxx::notification_receiver(conn, channel), sink_(sink) {}
     void operator()(const std::string& payload, int /*backend_pid*/) override {
       sink_->push_back(payload);
     }
@@ -73,6 +79,8 @@ class PgLeaderLease::Impl {
   std::string endpoint_;
   std::vector<std::string> pending_;
   std::unique_ptr<Receiver> receiver_;
+  std::vector<std::string> releases_;  // payloads on kLeaderChannel
+  std::unique_ptr<Receiver> release_receiver_;
 };
 
 PgLeaderLease::PgLeaderLease(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -81,6 +89,7 @@ PgLeaderLease::~PgLeaderLease() {
   if (impl_ == nullptr) return;
   try {
     impl_->receiver_.reset();
+    impl_->release_receiver_.reset();
     impl_->conn_.reset();  // ends the session: PostgreSQL frees the lock
   } catch (...) {
   }
@@ -176,7 +185,8 @@ absl::StatusOr<int> PgLeaderLease::Evict(const std::string& application_name) {
 absl::Status PgLeaderLease::Listen() {
   return impl_->Guard("listen", [&]() -> absl::Status {
     if (impl_->receiver_ == nullptr) {
-      impl_->receiver_ = std::make_unique<Impl::Receiver>(*impl_->conn_, &impl_->pending_);
+      impl_->receiver_ =
+          std::make_unique<Impl::Receiver>(*impl_->conn_, kChannel, &impl_->pending_);
     }
     return absl::OkStatus();
   });
@@ -194,6 +204,46 @@ absl::StatusOr<std::vector<std::string>> PgLeaderLease::AwaitNotifications(absl:
     std::vector<std::string> out;
     out.swap(impl_->pending_);
     return out;
+  });
+}
+
+absl::Status PgLeaderLease::Release(int64_t epoch) {
+  return impl_->Guard("release", [&]() -> absl::Status {
+    {
+      pqxx::nontransaction txn(*impl_->conn_);
+      txn.exec_params(kUnlock, kLeaderLockKey);
+    }
+    // After the unlock: a standby woken by the notification finds the lock free.
+    pqxx::work txn(*impl_->conn_);
+    txn.exec_params(kReleased, epoch);
+    txn.exec(absl::StrCat("NOTIFY ", kLeaderChannel, ", '", epoch, "'"));
+    txn.commit();
+    return absl::OkStatus();
+  });
+}
+
+absl::Status PgLeaderLease::ListenForRelease() {
+  return impl_->Guard("listen", [&]() -> absl::Status {
+    if (impl_->release_receiver_ == nullptr) {
+      impl_->release_receiver_ =
+          std::make_unique<Impl::Receiver>(*impl_->conn_, kLeaderChannel, &impl_->releases_);
+    }
+    return absl::OkStatus();
+  });
+}
+
+absl::StatusOr<bool> PgLeaderLease::AwaitRelease(absl::Duration timeout) {
+  return impl_->Guard("await release", [&]() -> absl::StatusOr<bool> {
+    if (!impl_->conn_->is_open()) return absl::UnavailableError("session closed");
+    if (impl_->releases_.empty()) {
+      const int64_t us = std::max<int64_t>(0, absl::ToInt64Microseconds(timeout));
+      impl_->conn_->await_notification(static_cast<long>(us / 1000000),
+                                       static_cast<long>(us % 1000000));
+    }
+    impl_->conn_->get_notifs();
+    const bool released = !impl_->releases_.empty();
+    impl_->releases_.clear();
+    return released;
   });
 }
 

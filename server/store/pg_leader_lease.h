@@ -25,7 +25,8 @@ struct LeaderRecord {
 // pool) that holds the session advisory lock kLeaderLockKey while the daemon leads. PostgreSQL
 // frees the lock the moment the session ends, so a dead leader is replaced at once; a frozen one
 // stops renewing and a standby ends its sessions (Evict). While leading, the session also
-// LISTENs for rows that standbys changed (JobStore::NotifyChanged).
+// LISTENs for rows that standbys changed (JobStore::NotifyChanged). A leader that stops on purpose
+// gives the lock back and says so (Release), and standbys waiting in AwaitRelease try at once.
 //
 //   auto lease = PgLeaderLease::Connect(url, "dispatchd d-1", absl::Seconds(5), absl::Seconds(2));
 //   if (auto epoch = (*lease)->TryAcquire("d-1", "10.0.0.5:7411"); epoch.ok() && *epoch) ...
@@ -59,6 +60,16 @@ class PgLeaderLease {
   // Ends every other session whose application_name is `application_name` (a frozen leader's):
   // its lock and row locks go with them. Returns how many sessions were ended.
   absl::StatusOr<int> Evict(const std::string& application_name);
+
+  // Steps down on purpose: frees the lock at once, clears the record's address, and announces
+  // it to every session listening for it (ListenForRelease), so that a standby takes over
+  // without waiting for its next try. The caller must have stopped writing as `epoch`.
+  absl::Status Release(int64_t epoch);
+  // Starts listening for Release announcements (a standby does).
+  absl::Status ListenForRelease();
+  // Waits up to `timeout` for a Release announcement; whether one came. A standby waits here
+  // between its rounds.
+  absl::StatusOr<bool> AwaitRelease(absl::Duration timeout);
 
   // Starts listening for JobStore::NotifyChanged.
   absl::Status Listen();

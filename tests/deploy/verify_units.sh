@@ -7,7 +7,8 @@
 #   tests/deploy/verify_units.sh SOURCE_DIR BUILD_DIR
 #
 # Fails when systemd-analyze is missing (deploy/install-deps.sh installs it), exits non-zero, or
-# prints anything about the units.
+# prints anything about the units; and when the daemon unit's TimeoutStopSec does not leave 20s
+# above the stop_grace of config/dispatchd.yaml (a stop that waits out its grace is not killed).
 set -euo pipefail
 
 src=${1:?source dir}
@@ -29,6 +30,25 @@ if grep -h '^ExecStart=/usr/local' "$work"/*.service; then
 fi
 
 fail=0
+# TimeoutStopSec and stop_grace, both in whole seconds ("60", "60s", "1m", "30s").
+seconds() {
+  case $1 in
+    *m) echo $((${1%m} * 60)) ;;
+    *s) echo "${1%s}" ;;
+    *) echo "$1" ;;
+  esac
+}
+stop_timeout=$(sed -n 's/^TimeoutStopSec=//p' "$src/deploy/dispatchd.service")
+grace=$(sed -n 's/^stop_grace: *//p' "$src/config/dispatchd.yaml")
+if ! [[ $(seconds "$stop_timeout") =~ ^[0-9]+$ && $(seconds "$grace") =~ ^[0-9]+$ ]]; then
+  echo "verify_units: cannot read TimeoutStopSec ($stop_timeout) or stop_grace ($grace)" >&2
+  fail=1
+elif (($(seconds "$stop_timeout") < $(seconds "$grace") + 20)); then
+  echo "verify_units: TimeoutStopSec=$stop_timeout leaves less than 20s above stop_grace $grace" >&2
+  fail=1
+else
+  echo "verify_units: TimeoutStopSec=$stop_timeout covers stop_grace $grace: ok"
+fi
 # A template is verified through an instance of it.
 for unit in dispatchd.service dispatch-worker@gpu0.service; do
   out=$(cd "$work" && SYSTEMD_LOG_LEVEL=notice systemd-analyze verify "$work/$unit" 2>&1) || {

@@ -2,18 +2,23 @@
 // leader; a dead or frozen leader is replaced without an operator, and a deposed leader's writes
 // change nothing.
 
+#include <atomic>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include <signal.h>
 
+#include "proto/convert/time_proto.h"
 #include "tests/e2e/e2e_test.h"
 #include "tests/e2e/harness.h"
 
@@ -31,10 +36,48 @@ constexpr char kLeaseLapses[] = "dispatchd_leader_lease_lapses_total";
 class HaTest : public E2eTest {
  protected:
   // A daemon of its own directory, electing with `lease`.
-  std::unique_ptr<Daemon> StartHaDaemon(const TempDir& dir, const std::string& lease = "2s") {
-    return StartDaemon({.types = {{.name = "echo", .max_attempts = 5}},
-                        .extra_yaml = absl::StrCat("ha:\n  lease: ", lease, "\n")},
-                       &dir);
+  std::unique_ptr<Daemon> StartHaDaemon(const TempDir& dir, const std::string& lease = "2s",
+                                        const std::string& stop_grace = "30s") {
+    return StartDaemon(
+        {.types = {{.name = "echo", .max_attempts = 5}},
+         .extra_yaml = absl::StrCat("ha:\n  lease: ", lease, "\nstop_grace: ", stop_grace, "\n")},
+        &dir);
+  }
+
+  // Until `a` has exited and `b` leads (at most `timeout`), polls both every 20 ms: when `a`
+  // was last seen leading, when it exited, and when `b` was first seen leading.
+  struct Handover {
+    absl::Time a_led_last = absl::InfinitePast();
+    absl::Time a_exited = absl::InfiniteFuture();
+    absl::Time b_led = absl::InfiniteFuture();
+  };
+  static Handover WatchHandover(Daemon& a, Daemon& b, absl::Duration timeout) {
+    Handover h;
+    const absl::Time end = absl::Now() + timeout;
+    while (absl::Now() < end &&
+           (h.a_exited == absl::InfiniteFuture() || h.b_led == absl::InfiniteFuture())) {
+      const absl::Time now = absl::Now();
+      if (h.a_exited == absl::InfiniteFuture()) {
+        if (!a.process().Running()) {
+          h.a_exited = now;
+        } else if (IsLeader(a)) {
+          h.a_led_last = now;
+        }
+      }
+      if (h.b_led == absl::InfiniteFuture() && IsLeader(b)) h.b_led = absl::Now();
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    return h;
+  }
+
+  // Each job of `ids` started exactly once in the journal at `path`.
+  static void ExpectEachStartedOnce(const std::string& path, const std::string& worker,
+                                    const std::vector<std::string>& ids) {
+    std::map<std::string, int> starts;
+    for (const JournalEvent& e : ReadJournal(path, worker)) {
+      if (e.start) ++starts[e.job_id];
+    }
+    for (const std::string& id : ids) EXPECT_EQ(starts[id], 1) << id;
   }
 
   static absl::StatusOr<v1::LeaderInfo> Leader(Daemon& d) {
@@ -257,6 +300,154 @@ TEST_F(HaTest, LeaderLoadingABacklogLongerThanItsLeaseKeepsTheLease) {
     EXPECT_EQ(standby->Metric(kStepDowns), 0) << standby->address();
     EXPECT_EQ(standby->Metric(kLeaseLapses), 0) << standby->address();
   }
+}
+
+// SIGTERM on a leader under load, with a standby. The leader admits nothing more and assigns
+// nothing more, its worker finishes what it runs and reports it there, and the leader then hands
+// its lease over: the standby leads within a second of it, where its lease (10 s) alone would
+// have it wait for its next try (every 2.5 s). Clients of the standby submit throughout; no job
+// is lost and none runs twice.
+TEST_F(HaTest, SigtermUnderLoadHandsTheLeaseOverAndLosesNothing) {
+  auto a = StartHaDaemon(dir_a_, "10s", "20s");
+  ASSERT_NE(a, nullptr);
+  auto b = StartHaDaemon(dir_b_, "10s");
+  ASSERT_NE(b, nullptr);
+  ASSERT_TRUE(IsLeader(*a));
+  std::unique_ptr<Worker> w =
+      StartWorkerAt(absl::StrCat(a->address(), ",", b->address()),
+                    {.id = "w1", .slots = 8, .mode = {"--simulate", "100%:200ms-600ms"}});
+  ASSERT_NE(w, nullptr);
+  ASSERT_TRUE(a->WaitForWorkers(1));
+
+  std::atomic<bool> stop_load{false};
+  absl::Mutex mu;
+  std::vector<std::string> ids;
+  int refused = 0;
+  std::thread load([&] {
+    for (int i = 0; !stop_load.load(); ++i) {
+      absl::StatusOr<std::string> id = b->Submit(Spec("echo", absl::StrCat("load-", i)));
+      absl::MutexLock l(&mu);
+      if (id.ok()) {
+        ids.push_back(*id);
+      } else {
+        ++refused;
+      }
+      absl::SleepFor(absl::Milliseconds(25));
+    }
+  });
+  ASSERT_TRUE(WaitFor([&] { return Placed(*a) > 0 && Queued(*a) > 0; }, absl::Seconds(20)));
+
+  const absl::Time sigterm = absl::Now();
+  a->process().Signal(SIGTERM);
+  const Handover h = WatchHandover(*a, *b, absl::Seconds(40));
+  ASSERT_NE(h.a_exited, absl::InfiniteFuture()) << "the leader did not exit";
+  ASSERT_NE(h.b_led, absl::InfiniteFuture()) << "the standby did not take over";
+  absl::StatusOr<int> code = a->process().Wait(absl::Seconds(1));
+  ASSERT_TRUE(code.ok());
+  EXPECT_EQ(*code, 0);
+  std::printf(
+      "ha: SIGTERM to exit %.2fs; leader last seen leading %.2fs after SIGTERM; standby led "
+      "%.2fs after that\n",
+      absl::ToDoubleSeconds(h.a_exited - sigterm), absl::ToDoubleSeconds(h.a_led_last - sigterm),
+      absl::ToDoubleSeconds(h.b_led - h.a_led_last));
+  EXPECT_LE(h.a_exited - sigterm, absl::Seconds(20)) << "stop_grace bounds the stop";
+  EXPECT_LE(h.b_led - h.a_led_last, absl::Seconds(1));
+
+  absl::SleepFor(absl::Milliseconds(500));  // the new leader takes load too
+  stop_load = true;
+  load.join();
+  EXPECT_EQ(refused, 0) << "the standby admitted throughout";
+  ASSERT_GT(ids.size(), 0u);
+  ExpectAllSucceeded(*b, ids);
+  ExpectEachStartedOnce(w->journal_path(), "w1", ids);
+}
+
+// A stopping leader refuses new jobs UNAVAILABLE and waits for the job its worker runs, which
+// therefore ends at its first attempt and is recorded before the leader exits.
+TEST_F(HaTest, AStoppingLeaderRefusesNewJobsAndWaitsForTheJobItsWorkerRuns) {
+  auto a = StartHaDaemon(dir_a_, "10s", "20s");
+  ASSERT_NE(a, nullptr);
+  auto b = StartHaDaemon(dir_b_, "10s");
+  ASSERT_NE(b, nullptr);
+  std::unique_ptr<Worker> w = StartWorkerAt(absl::StrCat(a->address(), ",", b->address()),
+                                            {.id = "w1", .mode = {"--simulate", "100%:3s"}});
+  ASSERT_NE(w, nullptr);
+  ASSERT_TRUE(a->WaitForWorkers(1));
+  absl::StatusOr<std::string> id = a->Submit(Spec("echo", "long"));
+  ASSERT_TRUE(id.ok()) << id.status();
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        absl::StatusOr<v1::Job> j = a->Status(*id);
+        return j.ok() && j->state() == v1::JOB_STATE_RUNNING;
+      },
+      absl::Seconds(10)));
+
+  const absl::Time sigterm = absl::Now();
+  a->process().Signal(SIGTERM);
+  absl::StatusOr<std::string> refused;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        refused = a->Submit(Spec("echo", "too late"));
+        return !refused.ok();
+      },
+      absl::Seconds(2)));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(refused.status().message(), HasSubstr("stopping"));
+  EXPECT_TRUE(a->process().Running()) << "it waits for the running job";
+
+  absl::StatusOr<int> code = a->process().Wait(absl::Seconds(25));
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_EQ(*code, 0);
+  const absl::Time exited = absl::Now();
+  EXPECT_LE(exited - sigterm, absl::Seconds(20));
+  ASSERT_TRUE(WaitFor([&] { return IsLeader(*b); }, absl::Seconds(5)));
+  absl::StatusOr<v1::Job> job = b->Status(*id);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(job->attempt(), 1) << "it ran once, to its end";
+  EXPECT_LE(proto_convert::FromProto(job->finished_at()), exited)
+      << "recorded by the leader before it exited";
+  ExpectEachStartedOnce(w->journal_path(), "w1", {*id});
+}
+
+// A job longer than stop_grace: the leader exits at its grace, the job runs on, and its worker
+// reports it to the standby that took over. It still runs once.
+TEST_F(HaTest, AJobLongerThanStopGraceFinishesUnderTheNextLeader) {
+  auto a = StartHaDaemon(dir_a_, "10s", "1s");
+  ASSERT_NE(a, nullptr);
+  auto b = StartHaDaemon(dir_b_, "10s");
+  ASSERT_NE(b, nullptr);
+  std::unique_ptr<Worker> w = StartWorkerAt(absl::StrCat(a->address(), ",", b->address()),
+                                            {.id = "w1", .mode = {"--simulate", "100%:4s"}});
+  ASSERT_NE(w, nullptr);
+  ASSERT_TRUE(a->WaitForWorkers(1));
+  absl::StatusOr<std::string> id = a->Submit(Spec("echo", "longer than the grace"));
+  ASSERT_TRUE(id.ok()) << id.status();
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        absl::StatusOr<v1::Job> j = a->Status(*id);
+        return j.ok() && j->state() == v1::JOB_STATE_RUNNING;
+      },
+      absl::Seconds(10)));
+  const absl::Time sigterm = absl::Now();
+  a->process().Signal(SIGTERM);
+  ASSERT_TRUE(WaitFor([&] { return IsLeader(*b); }, absl::Seconds(10)));
+  const absl::Duration handover = absl::Now() - sigterm;
+  std::printf("ha: a leader with a 4s job and stop_grace 1s handed over %.2fs after SIGTERM\n",
+              absl::ToDoubleSeconds(handover));
+  EXPECT_GE(handover, absl::Seconds(1)) << "it waited out its grace";
+  absl::StatusOr<v1::Job> left = b->Status(*id);
+  ASSERT_TRUE(left.ok()) << left.status();
+  EXPECT_EQ(left->state(), v1::JOB_STATE_RUNNING) << "and no longer: the job still runs";
+  absl::StatusOr<int> code = a->process().Wait(absl::Seconds(10));
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_EQ(*code, 0);
+
+  std::vector<v1::Job> done;
+  ASSERT_TRUE(b->WaitForTerminal({*id}, &done, absl::Seconds(30)));
+  EXPECT_EQ(done[0].state(), v1::JOB_STATE_SUCCEEDED) << done[0].error();
+  EXPECT_EQ(done[0].attempt(), 1) << "re-adopted, not run again";
+  ExpectEachStartedOnce(w->journal_path(), "w1", {*id});
 }
 
 }  // namespace

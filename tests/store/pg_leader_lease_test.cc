@@ -91,6 +91,30 @@ TEST_F(PgLeaderLeaseTest, OneSessionLeadsAtATimeAndEachLeaderStartsANewEpoch) {
   EXPECT_EQ(*eb, std::optional<int64_t>(2));
 }
 
+TEST_F(PgLeaderLeaseTest, ReleaseFreesTheLockAtOnceAndWakesAListeningStandby) {
+  auto a = Lease("lease-a");
+  auto b = Lease("lease-b");
+  ASSERT_THAT(b->ListenForRelease(), IsOk());
+  absl::StatusOr<std::optional<int64_t>> ea = a->TryAcquire("a", "10.0.0.1:1", absl::Seconds(2));
+  ASSERT_TRUE(ea.ok() && ea->has_value()) << ea.status();
+  absl::StatusOr<bool> heard = b->AwaitRelease(absl::Milliseconds(50));
+  ASSERT_TRUE(heard.ok()) << heard.status();
+  EXPECT_FALSE(*heard) << "nothing was released yet";
+
+  ASSERT_THAT(a->Release(**ea), IsOk());
+  heard = b->AwaitRelease(absl::Seconds(5));
+  ASSERT_TRUE(heard.ok()) << heard.status();
+  EXPECT_TRUE(*heard);
+  // Woken, the standby finds the lock free on its first try, while `a`'s session is still open.
+  absl::StatusOr<LeaderRecord> seen = b->Read();
+  ASSERT_TRUE(seen.ok());
+  EXPECT_EQ(seen->address, "") << "nobody is sent to the daemon that stepped down";
+  absl::StatusOr<std::optional<int64_t>> eb = b->TryAcquire("b", "10.0.0.2:1", absl::Seconds(2));
+  ASSERT_TRUE(eb.ok()) << eb.status();
+  EXPECT_EQ(*eb, std::optional<int64_t>(**ea + 1));
+  EXPECT_FALSE(a->Renew(**ea).ok()) << "its epoch is over";
+}
+
 TEST_F(PgLeaderLeaseTest, RenewOfAnEndedEpochFailsAndEvictEndsAFrozenLeadersSessions) {
   auto a = Lease("dispatchd a");
   auto b = Lease("dispatchd b");

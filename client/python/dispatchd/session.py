@@ -38,6 +38,7 @@ class Session:
         ])
         self.stub = pb_grpc.WorkerServiceStub(self.channel)
         self.batching = False  # set from Welcome, before any result is sent
+        self.daemon_stopping = False  # the daemon sent Stopping: no new work on this stream
         self._cv = threading.Condition()
         self._out = collections.deque()  # [message, on_sent or None]
         self._queued_heartbeat = None  # the entry of _out holding a heartbeat, if any

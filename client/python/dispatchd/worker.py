@@ -188,10 +188,11 @@ class Worker(JobRunner):
                 failures = 0
                 continue
             if end != "welcomed":
-                # The leader may have moved: try the next configured daemon.
+                # The leader may have moved (a stopping one hands over to a standby): try the
+                # next configured daemon.
                 next_server = (next_server + 1) % len(self._servers)
                 target = self._servers[next_server]
-            failures = 0 if end == "welcomed" else min(failures + 1, 30)
+            failures = 0 if end in ("welcomed", "stopped") else min(failures + 1, 30)
             delay = min(self._reconnect_min * 2 ** max(failures - 1, 0), self._reconnect_max)
             # Jitter: uniform in [delay/2, delay], never below reconnect_min.
             delay = max(self._reconnect_min, random.uniform(delay / 2, delay))
@@ -277,7 +278,8 @@ class Worker(JobRunner):
 
     def _run_session(self, target):
         """One connection attempt: Hello, Welcome, then messages until the stream ends. Returns
-        ("welcomed" | "redirected" | "failed", the leader's address on a redirect)."""
+        ("welcomed" | "stopped" | "redirected" | "failed", the leader's address on a redirect;
+        "stopped": welcomed, and the daemon then said it was stopping)."""
         session = Session(target, self._security)
         hello = pb.Hello(worker_id=self.worker_id, types=self._types, slots=self._slots,
                          labels=self._labels, batching=True,
@@ -340,7 +342,7 @@ class Worker(JobRunner):
             quiet = self._stop_locked()
         code = error.code().name if error is not None else "OK"
         detail = error.details() if error is not None else ""
-        if quiet or redirected:
+        if quiet or redirected or session.daemon_stopping:
             _log.info("stream closed worker=%s", self.worker_id)
         elif welcomed:
             _log.warning("stream lost worker=%s code=%s message=%s", self.worker_id, code, detail)
@@ -348,7 +350,7 @@ class Worker(JobRunner):
             _log.warning("connect failed worker=%s server=%s code=%s message=%s", self.worker_id,
                          target, code, detail)
         if welcomed:
-            return "welcomed", ""
+            return ("stopped" if session.daemon_stopping else "welcomed"), ""
         if not redirected and code in ("UNAUTHENTICATED", "PERMISSION_DENIED"):
             # The daemon does not know these credentials, or they may not serve these types:
             # trying again cannot help.
@@ -371,6 +373,11 @@ class Worker(JobRunner):
         elif kind == "drain":
             _log.info("drain requested by daemon worker=%s", self.worker_id)
             self.drain()
+        elif kind == "stopping":
+            # Nothing new comes on this stream; running jobs finish and report here as usual.
+            _log.info("daemon stopping worker=%s message=%s", self.worker_id,
+                      message.stopping.message)
+            session.daemon_stopping = True
         elif kind == "welcome":
             _log.warning("protocol error worker=%s detail=second Welcome ignored", self.worker_id)
         else:

@@ -31,6 +31,21 @@ void Count(absl::StatusOr<Reservation> r) {
   r->Written();
 }
 
+TEST(AdmissionGateTest, AClosedGateRefusesEveryoneUnavailableAndKeepsWhatItHeld) {
+  AdmissionGate gate(Limits(100, 100));
+  absl::Duration retry;
+  absl::StatusOr<Reservation> before = gate.TryAdmit("gen", "alice", &retry);
+  ASSERT_TRUE(before.ok());
+  gate.Close("stopping: the daemon is stopping");
+  for (const char* owner : {"alice", ""}) {
+    absl::StatusOr<Reservation> after = gate.TryAdmit("other", owner, &retry);
+    EXPECT_EQ(after.status().code(), absl::StatusCode::kUnavailable) << owner;
+    EXPECT_EQ(after.status().message(), "stopping: the daemon is stopping");
+  }
+  // A reservation taken before the close is still good: its job is written and counted.
+  before->Written();
+}
+
 TEST(AdmissionGateTest, TenantMaxActiveRefusesOnlyThatTenantsPrincipals) {
   config::Config c = Limits(100, 100);
   c.tenants.push_back({.name = "t", .principals = {"alice", "carol"}, .max_active = 2});

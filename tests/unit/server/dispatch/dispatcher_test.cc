@@ -99,6 +99,12 @@ class Link final : public WorkerLink {
     }
     return false;
   }
+  // The Stopping messages sent so far.
+  int Stoppings() const {
+    absl::MutexLock l(&mu_);
+    return static_cast<int>(std::count_if(
+        sent_.begin(), sent_.end(), [](const v1::DaemonMessage& m) { return m.has_stopping(); }));
+  }
   // The cancels sent so far, as (job, attempt).
   std::vector<std::pair<std::string, int32_t>> Cancels() const {
     absl::MutexLock l(&mu_);
@@ -493,6 +499,33 @@ TEST_F(DispatcherTest, APlacedDuplicateGivesItsSlotBack) {
   ASSERT_TRUE(Eventually([&] { return Assigned(w1, "j3", 1); }));
   EXPECT_FALSE(Assigned(w1, "j2", 1));
   EXPECT_EQ(store_.misuses(), 0);
+}
+
+TEST_F(DispatcherTest, AStoppingDaemonAssignsNothingMoreAndStillRecordsResults) {
+  Submit("j1");
+  Submit("j2");
+  Start();
+  auto w1 = Connect("w1", /*slots=*/1);
+  ASSERT_TRUE(Eventually([&] { return Assigned(w1, "j1", 1); }));
+  ASSERT_TRUE(dispatcher_->StopAssigning("the daemon is stopping"));
+  EXPECT_EQ(w1->Stoppings(), 1);
+  EXPECT_EQ(dispatcher_->JobsInFlight(), 1);
+  // A worker that connects now is told too.
+  auto w2 = Connect("w2");
+  dispatcher_->Workers();
+  EXPECT_EQ(w2->Stoppings(), 1);
+
+  Accept(w1, "j1", 1);
+  Succeed(w1, "j1", 1);
+  ASSERT_TRUE(Eventually([&] { return w1->Acked("j1", 1); }));
+  EXPECT_TRUE(RowIs("j1", JobState::kSucceeded, 1));
+  EXPECT_EQ(dispatcher_->JobsInFlight(), 0);
+  // The turn that freed w1's slot would have given it j2, and so would a later one; j2 stays
+  // queued for the next leader.
+  Pass(absl::Seconds(2), w1);
+  EXPECT_EQ(w1->Assignments().size(), 1u);
+  EXPECT_TRUE(w2->Assignments().empty());
+  EXPECT_TRUE(RowIs("j2", JobState::kQueued, 0));
 }
 
 TEST_F(DispatcherTest, TwoMissedHeartbeatsRequeueTheJob) {
