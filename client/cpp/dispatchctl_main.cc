@@ -71,6 +71,7 @@ int Main(int argc, char** argv) {
   CLI::App app{"dispatchctl: command-line client for the dispatchd job-dispatch daemon."};
   app.require_subcommand(1);
   app.footer(kExitCodes);
+  app.set_version_flag("--version", "dispatchctl " DISPATCHD_VERSION, "Print the version and exit");
   const char* env_server = std::getenv("DISPATCHD_SERVER");
   std::string server = env_server != nullptr && *env_server != '\0' ? env_server : "127.0.0.1:7411";
   bool json = false;
