@@ -38,7 +38,7 @@ constexpr char kBashCompletion[] = R"(# bash completion for dispatchctl
 _dispatchctl() {
   local cur=${COMP_WORDS[COMP_CWORD]} prev=${COMP_WORDS[COMP_CWORD-1]}
   local commands="submit run status cancel watch workers stats top drain reload health set-rate-limit set-weight completion"
-  local globals="--server --json --timeout --tls-ca --tls-cert --tls-key --token-file --help"
+  local globals="--server --json --timeout --tls-ca --tls-cert --tls-key --token-file --version --help"
   local i sub=""
   for ((i = 1; i < COMP_CWORD; i++)); do
     case ${COMP_WORDS[i]} in
