@@ -372,6 +372,8 @@ int Main(int argc, char** argv) {
   uint64_t seed = 0;
   bool seed_set = false;
 
+  app.set_version_flag("--version", "dispatch-worker " DISPATCHD_VERSION,
+                       "Print the version and exit");
   app.add_option("--server", server,
                  "Daemon address host:port, or several comma-separated (a standby sends the worker "
                  "to the leader) (env DISPATCHD_SERVER)")

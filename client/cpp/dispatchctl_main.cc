@@ -38,7 +38,7 @@ constexpr char kBashCompletion[] = R"(# bash completion for dispatchctl
 _dispatchctl() {
   local cur=${COMP_WORDS[COMP_CWORD]} prev=${COMP_WORDS[COMP_CWORD-1]}
   local commands="submit run status cancel watch workers stats top drain reload health set-rate-limit set-weight completion"
-  local globals="--server --json --timeout --tls-ca --tls-cert --tls-key --token-file --help"
+  local globals="--server --json --timeout --tls-ca --tls-cert --tls-key --token-file --version --help"
   local i sub=""
   for ((i = 1; i < COMP_CWORD; i++)); do
     case ${COMP_WORDS[i]} in
@@ -71,6 +71,7 @@ int Main(int argc, char** argv) {
   CLI::App app{"dispatchctl: command-line client for the dispatchd job-dispatch daemon."};
   app.require_subcommand(1);
   app.footer(kExitCodes);
+  app.set_version_flag("--version", "dispatchctl " DISPATCHD_VERSION, "Print the version and exit");
   const char* env_server = std::getenv("DISPATCHD_SERVER");
   std::string server = env_server != nullptr && *env_server != '\0' ? env_server : "127.0.0.1:7411";
   bool json = false;
