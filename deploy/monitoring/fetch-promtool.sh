@@ -7,7 +7,7 @@
 #   deploy/monitoring/fetch-promtool.sh [DEST]     default DEST: .cache/promtool in the repo
 #
 # Prints the path of the promtool it leaves in DEST (or of one already on PATH, which it prefers).
-# Needs apt's package lists (`apt-get update`, as deploy/install-deps.sh runs when it installs).
+# Needs apt's package lists: as root it runs `apt-get update` itself when the download fails.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -29,9 +29,14 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 # apt's download sandbox user must be able to write here, or apt warns and downloads as root.
 chmod 0777 "$work"
-if ! (cd "$work" && apt-get download prometheus >&2); then
-  say "apt-get download prometheus failed: run \`apt-get update\` (or put promtool on PATH)"
-  exit 1
+download() { (cd "$work" && apt-get download prometheus >&2); }
+if ! download; then
+  # Package lists that were never fetched (a fresh image) or are out of date: as root, refresh
+  # them once and try again.
+  if [[ $(id -u) -ne 0 ]] || ! apt-get update >&2 || ! download; then
+    say "apt-get download prometheus failed: run \`apt-get update\` as root (or put promtool on PATH)"
+    exit 1
+  fi
 fi
 mkdir -p "$DEST"
 dpkg-deb --fsys-tarfile "$work"/prometheus_*.deb | tar -xO ./usr/bin/promtool >"$work/promtool"
