@@ -28,8 +28,9 @@ PACKAGES=(
   python3 python3-grpcio python3-protobuf
   # bench/bench.py's plots (bench/plots.py) and their test, with Debian's /usr/bin/python3
   python3-matplotlib
-  # Node.js, for the grpc-js client test (tests/thirdparty; its npm packages are pinned in
-  # tests/thirdparty/grpcjs/package-lock.json and installed with `npm ci`). npm: see below.
+  # Node.js, for the grpc-js client test and the Node worker (tests/thirdparty, client/node; their
+  # npm packages are pinned in each one's package-lock.json and installed with `npm ci`). npm: see
+  # below.
   nodejs
   # Fuzzing (tests/fuzz): clang, its sanitizer and libFuzzer runtimes (libclang-rt-14-dev is only
   # a recommendation of clang-14), and llvm-symbolizer for the stacks of sanitizer reports

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up and runs the whole dispatchd test suite on a Debian 12 machine:
-#   1. install the build and test dependencies (deploy/install-deps.sh, and the npm packages of
-#      tests/thirdparty/grpcjs with `npm ci`; skipped with --no-install),
+#   1. install the build and test dependencies (deploy/install-deps.sh, the npm packages of
+#      tests/thirdparty/grpcjs and client/node with `npm ci`, and promtool with
+#      deploy/monitoring/fetch-promtool.sh; skipped with --no-install),
 #   2. build everything with warnings as errors (deploy/build.sh -DDISPATCHD_WERROR=ON),
 #   3. run ctest: unit tests, then the store and e2e tests against a private PostgreSQL server that
 #      ctest's `pg` fixture starts and stops by itself, and the chaos tests (`-L chaos`), each of
@@ -56,8 +57,12 @@ phase() {
 
 if ((install)); then
   phase install bash deploy/install-deps.sh
-  # The grpc-js client of tests/thirdparty, at the versions its lock file pins.
+  # The grpc-js client of tests/thirdparty and the Node worker of client/node, at the versions
+  # their lock files pin.
   phase npm timeout 600 npm ci --prefix tests/thirdparty/grpcjs --no-audit --no-fund
+  phase npm-node timeout 600 npm ci --prefix client/node --no-audit --no-fund
+  # promtool, for the alert rules of deploy/monitoring (not the Prometheus server).
+  phase promtool timeout 300 bash deploy/monitoring/fetch-promtool.sh
 else
   echo "run-all: --no-install: not checking packages"
 fi

@@ -153,8 +153,8 @@ absl::StatusOr<std::unique_ptr<store::PgJobStore>> ConnectStore(const config::Co
 void AddMetricsCollectors(const config::LiveConfig& live, const ha::Leadership& leadership) {
   metrics::DaemonMetrics& m = metrics::Metrics();
   m.registry.AddCollector([&live, &leadership, &m] {
-    for (auto* family :
-         {&m.queued, &m.queued_paged, &m.running, &m.rate_tokens, &m.rate_waiting, &m.slots}) {
+    for (auto* family : {&m.queued, &m.queued_paged, &m.running, &m.rate_tokens, &m.rate_waiting,
+                         &m.slots, &m.type_workers}) {
       family->Clear();
     }
     m.model_loads.Clear();
@@ -185,6 +185,13 @@ void AddMetricsCollectors(const config::LiveConfig& live, const ha::Leadership& 
       busy += w.busy();
       slots += w.slots();
       m.model_loads.With({w.worker_id()}).Inc(static_cast<double>(w.model_loads()));
+    }
+    for (const config::JobTypeConfig& type : config->types) {
+      const auto serving = std::count_if(workers.begin(), workers.end(), [&](const auto& w) {
+        return !w.draining() &&
+               std::find(w.types().begin(), w.types().end(), type.name) != w.types().end();
+      });
+      m.type_workers.With({type.name}).Set(static_cast<double>(serving));
     }
     m.workers.With({}).Set(static_cast<double>(workers.size()));
     m.slots.With({"busy"}).Set(static_cast<double>(busy));

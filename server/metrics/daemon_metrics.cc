@@ -55,6 +55,11 @@ DaemonMetrics::DaemonMetrics()
           "1 while the next job of a model waits for a token of its rate limit, else 0.",
           {"model"})),
       workers(registry.AddGauge("dispatchd_workers", "Connected workers.")),
+      type_workers(registry.AddGauge(
+          "dispatchd_type_workers",
+          "Connected workers that serve a job type and are not draining, by type; 0 for a "
+          "configured type no such worker serves.",
+          {"type"})),
       slots(registry.AddGauge("dispatchd_worker_slots",
                               "Task slots of the connected workers, by state: busy or free.",
                               {"state"})),

@@ -38,6 +38,7 @@ struct DaemonMetrics {
   Family<Gauge>& rate_tokens;    // {model}
   Family<Gauge>& rate_waiting;   // {model}: 1 while its next job waits for a token
   Family<Gauge>& workers;        // connected workers
+  Family<Gauge>& type_workers;   // {type}: connected workers serving it, not draining
   Family<Gauge>& slots;          // {state}: busy or free
   Family<Counter>& model_loads;  // {worker}: models loaded since it connected
   Family<Gauge>& leader;         // 1 while this daemon leads
