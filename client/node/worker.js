@@ -143,6 +143,9 @@ function onMessage(mine, m) {
     case 'drain':
       startDrain('the daemon asked');
       break;
+    case 'stopping':  // the daemon stops: no new work here; finish, then go on down the list
+      console.log(`daemon stopping: ${m.stopping.message}`);
+      break;
   }
 }
 
