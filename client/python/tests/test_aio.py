@@ -285,17 +285,21 @@ class AsyncWorkerTest(unittest.IsolatedAsyncioTestCase):
     async def test_hello_and_heartbeats_report_models_and_gpus(self):
         async def handler(job):
             return b""
-        worker, _ = self.serve(handler, worker_id="aio-models", models_resident=["m1"],
-                               gpus=[dispatchd.Gpu("0", 16 * 10**9)])
-
         async def shows(model):
             found = await self.workers("aio-models")
             return bool(found) and model in found[0].models_resident
-        self.assertTrue(await _wait_for(lambda: shows("m1"), 30), "Hello's models not seen")
-        # A heartbeat (every 5s by default) carries the new list.
-        worker.set_models_resident(["m2"])
-        self.assertTrue(await _wait_for(lambda: shows("m2"), 30), "no heartbeat carried m2")
+        with self.assertLogs("dispatchd.worker", "INFO") as logs:
+            worker, _ = self.serve(handler, worker_id="aio-models", models_resident=["m1"],
+                                   gpus=[dispatchd.Gpu("0", 16 * 10**9)])
+            self.assertTrue(await _wait_for(lambda: shows("m1"), 30), "Hello's models not seen")
+            # A heartbeat (every 5s by default) carries the new list.
+            worker.set_models_resident(["m2"])
+            self.assertTrue(await _wait_for(lambda: shows("m2"), 30), "no heartbeat carried m2")
         self.assertNotIn("m1", (await self.workers("aio-models"))[0].models_resident)
+        # On the first stream: a worker whose heartbeats stopped would be dropped by the daemon,
+        # and its next Hello would carry m2 instead.
+        connects = [line for line in logs.output if "connected worker=aio-models" in line]
+        self.assertEqual(len(connects), 1, "\n".join(logs.output))
 
     async def test_drain_finishes_running_jobs_then_run_returns(self):
         started = asyncio.Event()
