@@ -1,7 +1,7 @@
 """dispatchd.AsyncClient and dispatchd.AsyncWorker (asyncio, grpc.aio) against a real daemon on
 127.0.0.1: the client's calls and errors, and the worker's protocol as its handlers and the
 daemon see it (outcomes, backpressure, handlers running at once in one loop, cancellation,
-heartbeats, drain). Run by ctest (tests `python_client` and `python_wheel`); see test_client.py
+heartbeats, drain, re-adoption after a daemon restart). Run by ctest (tests `python_client` and `python_wheel`); see test_client.py
 for the environment it provides.
 """
 
@@ -394,6 +394,59 @@ class AsyncWorkerTest(unittest.IsolatedAsyncioTestCase):
                 with self.assertRaises(ValueError) as err:
                     dispatchd.AsyncWorker(server, **kwargs)
                 self.assertTrue(str(err.exception).startswith(field), str(err.exception))
+
+
+class AsyncWorkerRestartTest(unittest.IsolatedAsyncioTestCase):
+    """AsyncWorker across a restart of its daemon (a daemon of its own, killed with SIGKILL)."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.fx = DaemonFixture(types=_TYPES, worker=False)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.fx.close()
+
+    async def test_a_running_job_is_re_adopted_after_a_restart_and_its_result_recorded(self):
+        started = asyncio.Event()
+        release = asyncio.Event()
+        runs = []
+
+        async def handler(job):
+            runs.append((job.job_id, job.attempt))
+            started.set()
+            await asyncio.wait_for(release.wait(), 60)
+            return b"finished after the restart"
+
+        def connects():
+            return [line for line in logs.output if "connected worker=aio-restart" in line]
+        with self.assertLogs("dispatchd.worker", "INFO") as logs:
+            worker = dispatchd.AsyncWorker(self.fx.address, worker_id="aio-restart",
+                                           types=["py"], handler=handler, reconnect_max=0.5)
+            task = asyncio.create_task(worker.run())
+
+            async def stop():
+                await worker.close()
+                await asyncio.wait_for(task, 30)
+            self.addAsyncCleanup(stop)
+            async with dispatchd.AsyncClient(self.fx.address) as client:
+                job_id = await client.submit("py", b"x")
+                await asyncio.wait_for(started.wait(), 30)
+            await asyncio.to_thread(self.fx.restart)
+            # The worker reconnects by itself, holds the job in its Hello, and the new daemon
+            # adopts it; only then may it finish.
+            self.assertTrue(await _wait_for(lambda: _true_if(len(connects()) == 2), 30),
+                            "\n".join(logs.output))
+            self.assertIn("adopted=1", connects()[1])
+            release.set()
+            async with dispatchd.AsyncClient(self.fx.address) as client:
+                async def ended():
+                    return (await client.status(job_id)).state in dispatchd.TERMINAL_STATES
+                self.assertTrue(await _wait_for(ended, 30))
+                job = await client.status(job_id)
+        self.assertEqual(dispatchd.state_name(job.state), "SUCCEEDED", job.error)
+        self.assertEqual((job.attempt, job.result), (1, b"finished after the restart"))
+        self.assertEqual(runs, [(job_id, 1)])  # the handler ran once, on the first stream
 
 
 async def _true_if(value):
