@@ -3,7 +3,7 @@
 The Python reference worker (dispatch-worker.py) also runs the C++ end-to-end suite in place of
 dispatch-worker (ctest -R python_worker/); these tests cover what only the SDK's API shows:
 handler outcomes, backpressure as the handler sees it, cancellation, drain, and bad options.
-Run by ctest (test `python_client`); see test_client.py for the environment it provides.
+Run by ctest (tests `python_client` and `python_wheel`); see test_client.py for the environment.
 """
 
 import json
