@@ -1,8 +1,8 @@
 """dispatchd.AsyncClient and dispatchd.AsyncWorker (asyncio, grpc.aio) against a real daemon on
 127.0.0.1: the client's calls and errors, and the worker's protocol as its handlers and the
 daemon see it (outcomes, backpressure, handlers running at once in one loop, cancellation,
-heartbeats, drain, re-adoption after a daemon restart). Run by ctest (tests `python_client` and `python_wheel`); see test_client.py
-for the environment it provides.
+heartbeats, drain, re-adoption after a daemon restart). Run by ctest (tests `python_client` and
+`python_wheel`); see test_client.py for the environment it provides.
 """
 
 import asyncio
