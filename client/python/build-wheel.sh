@@ -10,6 +10,7 @@
 # python3-setuptools, python3-wheel): there is no build isolation, so nothing is downloaded.
 # PROTOC and GRPC_PYTHON_PLUGIN name the generators when they are not on PATH (see setup.py).
 set -euo pipefail
+export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
 
 if (($# < 1 || $# > 2)); then
   echo "usage: $0 OUT_DIR [PYTHON]" >&2

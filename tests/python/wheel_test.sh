@@ -10,6 +10,7 @@
 # so `import dispatchd` finds the installed package; this is checked before they run.
 # Environment: as the python_client test, and PYTHON (default /usr/bin/python3).
 set -euo pipefail
+export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
 
 if (($# < 1)); then
   echo "usage: $0 DIST_DIR [UNITTEST_ARGS...]" >&2
