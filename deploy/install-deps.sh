@@ -24,8 +24,9 @@ PACKAGES=(
   systemd
   # Database server (embedded mode and the test fixture)
   postgresql-15
-  # Python SDK
-  python3 python3-grpcio python3-protobuf
+  # Python SDK; its package builds offline with Debian's setuptools and wheel, and its test
+  # installs the wheel into a venv (python_wheel)
+  python3 python3-grpcio python3-protobuf python3-pip python3-setuptools python3-wheel python3-venv
   # bench/bench.py's plots (bench/plots.py) and their test, with Debian's /usr/bin/python3
   python3-matplotlib
   # Node.js, for the grpc-js client test and the Node worker (tests/thirdparty, client/node; their

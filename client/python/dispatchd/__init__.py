@@ -11,15 +11,19 @@
     dispatchd.Worker("127.0.0.1:7411", worker_id="gpu-1", types=["llm.embed"], slots=2,
                      handler=embed).run()
 
-The package is built with the daemon (`build/client/python`: these sources next to the modules
-generated from proto/); put that directory on PYTHONPATH. It needs Debian's python3-grpcio and
-python3-protobuf and nothing else.
+The same for asyncio (grpc.aio), with coroutine handlers: dispatchd.AsyncClient and
+dispatchd.AsyncWorker (dispatchd.aio).
+
+Install it with `pip install ./client/python` (the build generates dispatchd.v1 from proto/ with
+protoc and grpc_python_plugin), or use the build tree's copy (`build/client/python` on
+PYTHONPATH). It needs Debian's python3-grpcio and python3-protobuf and nothing else.
 """
 
 from dispatchd.client import (  # noqa: F401
     Client,
     DispatchError,
     TERMINAL_STATES,
+    job_spec,
     state_name,
 )
 from dispatchd.security import Security  # noqa: F401
@@ -31,7 +35,9 @@ from dispatchd.worker import (  # noqa: F401
     Refused,
     Worker,
 )
+from dispatchd.aio import AsyncClient, AsyncJob, AsyncWorker  # noqa: F401
 from dispatchd.v1 import job_pb2  # noqa: F401  (Job, JobSpec, JobState)
 
-__all__ = ["Client", "DispatchError", "TERMINAL_STATES", "state_name", "Gpu", "Job", "JobFailed",
-           "MemoryReport", "Refused", "Security", "Worker", "job_pb2"]
+__all__ = ["Client", "DispatchError", "TERMINAL_STATES", "job_spec", "state_name", "Gpu", "Job",
+           "JobFailed", "MemoryReport", "Refused", "Security", "Worker", "AsyncClient",
+           "AsyncJob", "AsyncWorker", "job_pb2"]

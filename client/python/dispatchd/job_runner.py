@@ -34,12 +34,13 @@ class RunningJob:
 
 
 class JobRunner:
-    """Worker's job side; Worker sets every attribute used here. Under Worker's `_cv`: the
+    """Worker's job side; WorkerBase sets every attribute used here. Under its `_cv`: the
     tables `_running` ((job id, attempt) -> RunningJob, until its handler returns) and
     `_unacked` ((job id, attempt) -> WorkerMessage(result), until acknowledged), and the flags
-    `_shutdown`, `_draining`, `_jobs_done_at`, `_session` and `_welcomed`. Also read: `_pool`,
-    `_handler`, `_type_set`, `_max_concurrent`, `_max_output_bytes`, `worker_id`, and
-    `_frozen_locked()`. Thread-safe as Worker is: each method takes `_cv` where it needs it."""
+    `_shutdown`, `_draining`, `_jobs_done_at`, `_session` and `_welcomed`. Also read: `_pool`
+    (in _start, which the asyncio worker replaces with a task per job), `_handler`,
+        `_type_set`, `_max_concurrent`, `_max_output_bytes`, `worker_id`, and `_frozen_locked()`.
+    Thread-safe as Worker is: each method takes `_cv` where it needs it."""
 
     def _handle_assign(self, session, assign):
         answers = []  # (assignment, message, new RunningJob or None, result to resend or None)
@@ -78,7 +79,7 @@ class JobRunner:
                         job_id=a.job_id, attempt=a.attempt, reason=reason, message=detail)),
                         None, None))
                     continue
-                job = RunningJob(key, Job(a))
+                job = RunningJob(key, self._new_job(a))
                 self._running[key] = job
                 answers.append((a, pb.WorkerMessage(
                     accept=pb.Accept(job_id=a.job_id, attempt=a.attempt)), job, None))
@@ -99,6 +100,9 @@ class JobRunner:
                 _log.info("accepted again job=%s attempt=%d (already held)", a.job_id, a.attempt)
                 if resend is not None and written:
                     session.write(resend)
+
+    def _new_job(self, assignment):
+        return Job(assignment)
 
     def _accept_sent(self, running, sent):
         """Starts an accepted job once its Accept is sent (sent=True); forgets it if it never was
@@ -129,11 +133,16 @@ class JobRunner:
             self._pool.submit(self._run_job, running)
             return True
         except RuntimeError:  # the pool is shut down: close() raced this job
-            with self._cv:
-                self._forget_locked(running.key)
-                self._unacked[running.key] = self._result_message(
-                    running.key, None, JobFailed("worker is closing", retryable=True), 0.0)
+            self._not_started(running)
             return False
+
+    def _not_started(self, running):
+        """An accepted job that cannot start (the worker is closing): its result, a retryable
+        failure, is kept for the daemon."""
+        with self._cv:
+            self._forget_locked(running.key)
+            self._unacked[running.key] = self._result_message(
+                running.key, None, JobFailed("worker is closing", retryable=True), 0.0)
 
     def _forget_locked(self, key):
         self._running.pop(key, None)
@@ -174,6 +183,11 @@ class JobRunner:
             return None, e
         except BaseException as e:  # noqa: BLE001  (a handler error fails the job, not the worker)
             return None, JobFailed(f"handler raised {type(e).__name__}: {e}")
+        return self._output(value)
+
+    @staticmethod
+    def _output(value):
+        """What a handler returned, as (output bytes, None) or (None, JobFailed)."""
         if value is None:
             return b"", None
         if isinstance(value, str):
@@ -183,19 +197,27 @@ class JobRunner:
         return None, JobFailed(f"handler returned {type(value).__name__}, not bytes or str")
 
     def _run_job(self, running):
-        key = running.key
         start = time.monotonic()
-        message = None
-        failure = None
+        outcome = (None, JobFailed("handler did not return"))
         try:
-            output, failure = self._outcome(running.job)
+            outcome = self._outcome(running.job)
+        finally:
+            # Whatever happened, the job no longer runs: its slot is free, a drain can end.
+            self._complete(running, start, *outcome)
+
+    def _complete(self, running, start, output, failure):
+        """Records the end of a job's handler (the output, or the JobFailed) and sends its
+        result, unless it is dropped."""
+        key = running.key
+        message = None
+        run_time = 0.0
+        try:
             if failure is None and len(output) > self._max_output_bytes:
                 failure = JobFailed(f"output too large: {len(output)} bytes, limit "
                                     f"{self._max_output_bytes}")
             run_time = time.monotonic() - start
             message = self._result_message(key, output, failure, run_time)
         finally:
-            # Whatever happened, the job no longer runs: its slot is free, a drain can end.
             session = self._finish(running, message)
         ok = failure is None
         if running.drop_result:

@@ -4,21 +4,26 @@ the host RAM read from /proc/meminfo when there is no probe or it fails.
 Gpu and MemoryReport are re-exported by dispatchd and dispatchd.worker.
 """
 
-import collections
+from __future__ import annotations
+
 import logging
+from typing import NamedTuple, Sequence
 
 # The worker's logger: these lines belong to the worker's log, whichever module writes them.
 _log = logging.getLogger("dispatchd.worker")
 
-Gpu = collections.namedtuple("Gpu", "id memory_total_bytes")
-Gpu.__doc__ = "One GPU on the worker's host: an id (index or UUID) and its memory in bytes."
+class Gpu(NamedTuple):
+    """One GPU on the worker's host: an id (index or UUID) and its memory in bytes."""
+    id: str
+    memory_total_bytes: int
 
-MemoryReport = collections.namedtuple("MemoryReport",
-                                      "ram_used_bytes ram_total_bytes gpu_used_bytes",
-                                      defaults=((),))
-MemoryReport.__doc__ = ("Memory in use, for heartbeats: host RAM, and per GPU of `gpus` the "
-                        "bytes in use. The daemon stops sending jobs to a worker over its "
-                        "throttle thresholds.")
+
+class MemoryReport(NamedTuple):
+    """Memory in use, for heartbeats: host RAM, and per GPU of `gpus` the bytes in use. The
+    daemon stops sending jobs to a worker over its throttle thresholds."""
+    ram_used_bytes: int
+    ram_total_bytes: int
+    gpu_used_bytes: Sequence[int] = ()
 
 
 def read_meminfo():

@@ -31,7 +31,11 @@ ResultAcks) when the daemon supports it.
 The pieces live beside this module: the stream of one connection in session.py, the handler
 pool and the results kept until acknowledged in job_runner.py, Job and JobFailed in job.py, the
 memory report in memory.py. Everything user code imports from here is still importable here.
+WorkerBase holds what this worker and the asyncio one (dispatchd.aio.AsyncWorker) share: the
+protocol's decisions; each of them brings the threads or tasks that wait.
 """
+
+from __future__ import annotations
 
 # collections, datetime, functools and pb_grpc are no longer used here; they stay imported
 # because dispatchd.worker exposed them before its pieces moved out.
@@ -43,6 +47,7 @@ import logging
 import random
 import threading
 import time
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Tuple, Union
 
 import grpc
 
@@ -67,35 +72,30 @@ class Refused(Exception):
     or its principal may not serve its types (PERMISSION_DENIED): trying again cannot help."""
 
 
+Output = Union[bytes, bytearray, memoryview, str, None]
+GpuSpec = Union[Gpu, Tuple[str, int]]
+
+
 def _held(key):
     return pb.HeldJob(job_id=key[0], attempt=key[1])
 
 
-class Worker(JobRunner):
-    """Serves jobs to the daemon. run() blocks; drain(), shutdown() and set_models_resident()
-    are thread-safe and may be called from any thread, a handler included.
+class WorkerBase(JobRunner):
+    """What Worker and dispatchd.aio.AsyncWorker share: their options, the job tables and the
+    protocol's decisions (Hello, Welcome, answers, heartbeats, drain, reconnect targets), under
+    one lock, `_cv`. Each subclass brings run(), the session's reader and timer, and where a
+    handler runs. drain(), shutdown() and set_models_resident() are thread-safe."""
 
-    This class holds the connection side (sessions, Welcome, heartbeats, drain); the job side
-    (assignments, handlers, results until acknowledged) is JobRunner's, which shares its lock."""
-
-    def __init__(self, server, *, worker_id, types, handler, slots=1, max_concurrent=0,
-                 labels=None, models_resident=(), gpus=(), memory_probe=None,
-                 reconnect_min=0.1, reconnect_max=5.0, welcome_timeout=30.0,
-                 default_heartbeat_interval=5.0, drain_result_timeout=30.0,
-                 max_output_bytes=DEFAULT_MAX_OUTPUT_BYTES, security=None):
-        """ValueError naming the argument for an empty server, worker_id or type list, slots < 1,
-        max_concurrent < 0, a handler that is not callable, or non-positive timings.
-
-        server: host:port, or several comma-separated for daemons sharing one database.
-        handler: called with a Job; returns the output (bytes, str or None) or raises JobFailed.
-        max_concurrent: jobs executing at once, more are refused; 0 means `slots`.
-        gpus: Gpu(id, memory_total_bytes) each; the daemon places a model here only if the VRAM
-            of its models fits in their total. None reported: no limit.
-        memory_probe: returns a MemoryReport for each heartbeat (default: host RAM from
-            /proc/meminfo, no GPU use).
-        security: a dispatchd.Security (TLS and the bearer token); default none. Its files are
-            read here: ValueError naming the flag if one cannot be read.
-        Timings are in seconds."""
+    def __init__(self, server: str, *, worker_id: str, types: Sequence[str],
+                 handler: Callable[[Job], Any], slots: int = 1, max_concurrent: int = 0,
+                 labels: Optional[Mapping[str, str]] = None,
+                 models_resident: Iterable[str] = (), gpus: Iterable[GpuSpec] = (),
+                 memory_probe: Optional[Callable[[], MemoryReport]] = None,
+                 reconnect_min: float = 0.1, reconnect_max: float = 5.0,
+                 welcome_timeout: float = 30.0, default_heartbeat_interval: float = 5.0,
+                 drain_result_timeout: float = 30.0,
+                 max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+                 security: Optional[Security] = None) -> None:
         if not server:
             raise ValueError("server: empty")
         servers = [a.strip() for a in server.split(",")]
@@ -153,63 +153,15 @@ class Worker(JobRunner):
         self._default_heartbeat_interval = default_heartbeat_interval
         self._running = {}  # (job id, attempt) -> RunningJob, until its handler returns
         self._unacked = {}  # (job id, attempt) -> WorkerMessage(result), until acknowledged
-        # Handler threads, started as jobs need them and kept for the next jobs.
-        self._pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=self._max_concurrent, thread_name_prefix="dispatchd-job")
+        # Where run() connects next, and how many attempts in a row failed.
+        self._failures = 0
+        self._next_server = 0
+        self._target = servers[0]
+        self._refusal = ""
 
     # -- public -----------------------------------------------------------------------------
 
-    def run(self):
-        """Connects, serves and reconnects until shutdown() or a completed drain."""
-        with self._cv:
-            if self._run_called:
-                raise RuntimeError("run: already called")
-            self._run_called = True
-        _log.info("starting worker=%s server=%s types=%s slots=%d max_concurrent=%d",
-                  self.worker_id, self._server, ",".join(self._types), self._slots,
-                  self._max_concurrent)
-        failures = 0
-        next_server = 0
-        target = self._servers[0]
-        while True:
-            with self._cv:
-                if self._stop_locked():
-                    break
-            end, redirect_to = self._run_session(target)
-            if end == "refused":
-                _log.error("refused worker=%s server=%s: %s", self.worker_id, target,
-                           self._refusal)
-                raise Refused(self._refusal)
-            if end == "redirected" and redirect_to and redirect_to != target:
-                # A standby named the leader: go there at once (a failure starts the list again).
-                _log.info("redirected worker=%s from=%s to leader=%s", self.worker_id, target,
-                          redirect_to)
-                target = redirect_to
-                failures = 0
-                continue
-            if end != "welcomed":
-                # The leader may have moved (a stopping one hands over to a standby): try the
-                # next configured daemon.
-                next_server = (next_server + 1) % len(self._servers)
-                target = self._servers[next_server]
-            failures = 0 if end in ("welcomed", "stopped") else min(failures + 1, 30)
-            delay = min(self._reconnect_min * 2 ** max(failures - 1, 0), self._reconnect_max)
-            # Jitter: uniform in [delay/2, delay], never below reconnect_min.
-            delay = max(self._reconnect_min, random.uniform(delay / 2, delay))
-            with self._cv:
-                if self._stop_locked():
-                    break
-                _log.info("reconnecting worker=%s in=%.3fs", self.worker_id, delay)
-                self._cv.wait_for(self._stop_locked, delay)
-        with self._cv:
-            reason = "shutdown" if self._shutdown else "drained"
-            if self._unacked:
-                _log.warning("stopped worker=%s reason=%s undelivered_results=%d",
-                             self.worker_id, reason, len(self._unacked))
-            else:
-                _log.info("stopped worker=%s reason=%s", self.worker_id, reason)
-
-    def drain(self):
+    def drain(self) -> None:
         """Stops taking work: tells the daemon, refuses new assignments (REASON_DRAINING), lets
         running jobs finish and their results be acknowledged (up to drain_result_timeout), then
         run() returns. Idempotent."""
@@ -225,7 +177,7 @@ class Worker(JobRunner):
         if session is not None:
             session.write(pb.WorkerMessage(draining=pb.Draining()))
 
-    def shutdown(self):
+    def shutdown(self) -> None:
         """Stops now: cancels running jobs, closes the stream, and run() returns. Idempotent."""
         with self._cv:
             if self._shutdown:
@@ -241,30 +193,61 @@ class Worker(JobRunner):
         if session is not None:
             session.cancel()
 
-    def close(self):
-        """shutdown(), then waits for every handler to return. Not from a handler: it would wait
-        for itself."""
-        self.shutdown()
-        with self._cv:
-            self._cv.wait_for(lambda: not self._running)
-        self._pool.shutdown(wait=True)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def set_models_resident(self, models):
+    def set_models_resident(self, models: Iterable[str]) -> None:
         """Replaces the models reported as resident in heartbeats (and the next Hello)."""
         with self._cv:
             self._models_resident = list(models)
 
     @property
-    def running_jobs(self):
+    def running_jobs(self) -> int:
         """Jobs executing now (including any whose result will be dropped)."""
         with self._cv:
             return len(self._running)
+
+    # -- run --------------------------------------------------------------------------------
+
+    def _starting(self) -> None:
+        with self._cv:
+            if self._run_called:
+                raise RuntimeError("run: already called")
+            self._run_called = True
+        _log.info("starting worker=%s server=%s types=%s slots=%d max_concurrent=%d",
+                  self.worker_id, self._server, ",".join(self._types), self._slots,
+                  self._max_concurrent)
+
+    def _after_session(self, end: str, redirect_to: str) -> Optional[float]:
+        """Where the next attempt goes (self._target) after one that ended `end`; returns the
+        seconds to wait first (None: go at once). Raises Refused if retrying cannot help."""
+        target = self._target
+        if end == "refused":
+            _log.error("refused worker=%s server=%s: %s", self.worker_id, target, self._refusal)
+            raise Refused(self._refusal)
+        if end == "redirected" and redirect_to and redirect_to != target:
+            # A standby named the leader: go there at once (a failure starts the list again).
+            _log.info("redirected worker=%s from=%s to leader=%s", self.worker_id, target,
+                      redirect_to)
+            self._target = redirect_to
+            self._failures = 0
+            return None
+        if end != "welcomed":
+            # The leader may have moved (a stopping one hands over to a standby): try the next
+            # configured daemon.
+            self._next_server = (self._next_server + 1) % len(self._servers)
+            self._target = self._servers[self._next_server]
+        failures = 0 if end in ("welcomed", "stopped") else min(self._failures + 1, 30)
+        self._failures = failures
+        delay = min(self._reconnect_min * 2 ** max(failures - 1, 0), self._reconnect_max)
+        # Jitter: uniform in [delay/2, delay], never below reconnect_min.
+        return max(self._reconnect_min, random.uniform(delay / 2, delay))
+
+    def _stopped(self) -> None:
+        with self._cv:
+            reason = "shutdown" if self._shutdown else "drained"
+            if self._unacked:
+                _log.warning("stopped worker=%s reason=%s undelivered_results=%d",
+                             self.worker_id, reason, len(self._unacked))
+            else:
+                _log.info("stopped worker=%s reason=%s", self.worker_id, reason)
 
     # -- sessions ---------------------------------------------------------------------------
 
@@ -276,19 +259,15 @@ class Worker(JobRunner):
     def _stop_locked(self):
         return self._shutdown or self._drain_done_locked()
 
-    def _run_session(self, target):
-        """One connection attempt: Hello, Welcome, then messages until the stream ends. Returns
-        ("welcomed" | "stopped" | "redirected" | "failed", the leader's address on a redirect;
-        "stopped": welcomed, and the daemon then said it was stopping)."""
-        session = Session(target, self._security)
+    def _open_session(self, session) -> bool:
+        """Makes `session` the current one and writes its Hello; False after shutdown()."""
         hello = pb.Hello(worker_id=self.worker_id, types=self._types, slots=self._slots,
                          labels=self._labels, batching=True,
                          gpus=[pb.Gpu(id=g.id, memory_total_bytes=g.memory_total_bytes)
                                for g in self._gpus])
         with self._cv:
             if self._shutdown:
-                session.channel.close()
-                return "failed", ""
+                return False
             self._session = session
             self._welcomed = False
             hello.models_resident.extend(self._models_resident)
@@ -298,46 +277,40 @@ class Worker(JobRunner):
             # keep their attempts current until the results arrive, or it would run them again.
             hello.running_jobs.extend(_held(k) for k in self._unacked if k not in self._running)
         session.write(pb.WorkerMessage(hello=hello))
-        timer = threading.Thread(target=self._session_timer, args=(session,),
-                                 name="dispatchd-session", daemon=True)
-        timer.start()
+        return True
 
-        welcomed = redirected = False
-        redirect_to = ""
-        error = None
-        try:
-            call = session.start()
-            responses = iter(call)
-            first = next(responses, None)
-            kind = first.WhichOneof("msg") if first is not None else None
-            if kind == "welcome":
-                welcomed = True
-                self._handle_welcome(session, first.welcome)
-            elif kind == "redirect":
-                redirected = True
-                redirect_to = first.redirect.leader_address
-                _log.info("standby answered worker=%s server=%s message=%s", self.worker_id,
-                          target, first.redirect.message)
-            elif kind is not None:
-                _log.warning("protocol error worker=%s detail=first message is not Welcome (%s)",
-                             self.worker_id, kind)
-                session.cancel()
-            if welcomed:
-                for message in responses:
-                    self._handle_message(session, message)
-        except grpc.RpcError as e:
-            error = e
-        finally:
-            with self._cv:
-                if self._session is session:
-                    self._session = None
-                self._welcomed = False
-                self._cv.notify_all()
-            session.fail_unsent()
-            timer.join()
+    def _handle_first(self, session, target, first) -> Tuple[bool, bool, str]:
+        """The daemon's first message (None if the stream ended before one): returns
+        (welcomed, redirected, the leader's address on a redirect)."""
+        kind = first.WhichOneof("msg") if first is not None else None
+        if kind == "welcome":
+            self._handle_welcome(session, first.welcome)
+            return True, False, ""
+        if kind == "redirect":
+            _log.info("standby answered worker=%s server=%s message=%s", self.worker_id,
+                      target, first.redirect.message)
+            return False, True, first.redirect.leader_address
+        if kind is not None:
+            _log.warning("protocol error worker=%s detail=first message is not Welcome (%s)",
+                         self.worker_id, kind)
             session.cancel()
-            session.channel.close()
+        return False, False, ""
 
+    def _close_session(self, session) -> None:
+        """The call is over: `session` is no longer current, and what it did not send never
+        will be."""
+        with self._cv:
+            if self._session is session:
+                self._session = None
+            self._welcomed = False
+            self._cv.notify_all()
+        session.fail_unsent()
+
+    def _session_end(self, target, welcomed, redirected, redirect_to,
+                     error) -> Tuple[str, str]:
+        """Logs how a session ended (error: the grpc.RpcError that ended it, or None); returns
+        ("welcomed" | "stopped" | "redirected" | "refused" | "failed", the leader's address on a
+        redirect; "stopped": welcomed, and the daemon then said it was stopping)."""
         with self._cv:
             quiet = self._stop_locked()
         code = error.code().name if error is not None else "OK"
@@ -455,46 +428,179 @@ class Worker(JobRunner):
                        for g in self._gpus)
         return hb
 
+    def _welcome_wait_over_locked(self, session) -> bool:
+        return self._welcomed or self._session is not session or self._shutdown
+
+    def _after_welcome_wait_locked(self, session) -> bool:
+        """After waiting welcome_timeout for the Welcome: True to go on with heartbeats; False
+        (the session is cancelled where it must be) to end the timer."""
+        if self._session is not session or self._shutdown:
+            if self._shutdown:
+                session.cancel()
+            return False
+        if not self._welcomed:
+            _log.warning("no Welcome within %gs worker=%s", self._welcome_timeout, self.worker_id)
+            session.cancel()
+            return False
+        session.last_tick = time.monotonic()
+        return True
+
+    def _tick_wait_over_locked(self, session) -> bool:
+        return self._session is not session or self._shutdown or self._drain_done_locked()
+
+    def _tick_locked(self, session) -> Tuple[str, Optional[pb.Heartbeat]]:
+        """One turn of the session timer: ("stop", None) when the session is over, ("frozen",
+        None) when this process was frozen too long, ("drained", None) when the drain is done,
+        or ("heartbeat", the heartbeat to send once fill_memory() completes it)."""
+        if self._session is not session or self._shutdown:
+            return "stop", None
+        if self._frozen_locked(session):
+            session.suspect = True
+        session.last_tick = time.monotonic()
+        if session.suspect:
+            return "frozen", None
+        if self._drain_done_locked():
+            return "drained", None
+        return "heartbeat", self._heartbeat_locked()
+
+    def _log_frozen(self) -> None:
+        _log.warning("worker=%s was frozen for longer than its heartbeats allow: dropping the "
+                     "stream, the next Hello reports what still runs", self.worker_id)
+
+    def _close_drained(self, session) -> None:
+        _log.info("drained worker=%s: closing the stream", self.worker_id)
+        # drain() announces itself too, but may lose the race with the timer.
+        session.write(pb.WorkerMessage(draining=pb.Draining()))
+        session.close()
+
+
+class Worker(WorkerBase):
+    """Serves jobs to the daemon. run() blocks; drain(), shutdown() and set_models_resident()
+    are thread-safe and may be called from any thread, a handler included.
+
+    WorkerBase holds the protocol; this class adds the threads: the stream's reader in run(), a
+    session timer thread (heartbeats, the welcome and drain watchdogs), and a pool of handler
+    threads (the job side, JobRunner's, shares the lock)."""
+
+    def __init__(self, server: str, *, worker_id: str, types: Sequence[str],
+                 handler: Callable[[Job], Output], slots: int = 1, max_concurrent: int = 0,
+                 labels: Optional[Mapping[str, str]] = None,
+                 models_resident: Iterable[str] = (), gpus: Iterable[GpuSpec] = (),
+                 memory_probe: Optional[Callable[[], MemoryReport]] = None,
+                 reconnect_min: float = 0.1, reconnect_max: float = 5.0,
+                 welcome_timeout: float = 30.0, default_heartbeat_interval: float = 5.0,
+                 drain_result_timeout: float = 30.0,
+                 max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+                 security: Optional[Security] = None) -> None:
+        """ValueError naming the argument for an empty server, worker_id or type list, slots < 1,
+        max_concurrent < 0, a handler that is not callable, or non-positive timings.
+
+        server: host:port, or several comma-separated for daemons sharing one database.
+        handler: called with a Job; returns the output (bytes, str or None) or raises JobFailed.
+        max_concurrent: jobs executing at once, more are refused; 0 means `slots`.
+        gpus: Gpu(id, memory_total_bytes) each; the daemon places a model here only if the VRAM
+            of its models fits in their total. None reported: no limit.
+        memory_probe: returns a MemoryReport for each heartbeat (default: host RAM from
+            /proc/meminfo, no GPU use).
+        security: a dispatchd.Security (TLS and the bearer token); default none. Its files are
+            read here: ValueError naming the flag if one cannot be read.
+        Timings are in seconds."""
+        super().__init__(server, worker_id=worker_id, types=types, handler=handler, slots=slots,
+                         max_concurrent=max_concurrent, labels=labels,
+                         models_resident=models_resident, gpus=gpus, memory_probe=memory_probe,
+                         reconnect_min=reconnect_min, reconnect_max=reconnect_max,
+                         welcome_timeout=welcome_timeout,
+                         default_heartbeat_interval=default_heartbeat_interval,
+                         drain_result_timeout=drain_result_timeout,
+                         max_output_bytes=max_output_bytes, security=security)
+        # Handler threads, started as jobs need them and kept for the next jobs.
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=self._max_concurrent, thread_name_prefix="dispatchd-job")
+
+    def run(self) -> None:
+        """Connects, serves and reconnects until shutdown() or a completed drain. Raises Refused
+        if the daemon refuses the worker's credentials."""
+        self._starting()
+        while True:
+            with self._cv:
+                if self._stop_locked():
+                    break
+            end, redirect_to = self._run_session(self._target)
+            delay = self._after_session(end, redirect_to)
+            if delay is None:
+                continue
+            with self._cv:
+                if self._stop_locked():
+                    break
+                _log.info("reconnecting worker=%s in=%.3fs", self.worker_id, delay)
+                self._cv.wait_for(self._stop_locked, delay)
+        self._stopped()
+
+    def close(self) -> None:
+        """shutdown(), then waits for every handler to return. Not from a handler: it would wait
+        for itself."""
+        self.shutdown()
+        with self._cv:
+            self._cv.wait_for(lambda: not self._running)
+        self._pool.shutdown(wait=True)
+
+    def __enter__(self) -> "Worker":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _run_session(self, target):
+        """One connection attempt: Hello, Welcome, then messages until the stream ends. Returns
+        what _session_end returns."""
+        session = Session(target, self._security)
+        if not self._open_session(session):
+            session.channel.close()
+            return "failed", ""
+        timer = threading.Thread(target=self._session_timer, args=(session,),
+                                 name="dispatchd-session", daemon=True)
+        timer.start()
+
+        welcomed = redirected = False
+        redirect_to = ""
+        error = None
+        try:
+            call = session.start()
+            responses = iter(call)
+            welcomed, redirected, redirect_to = self._handle_first(
+                session, target, next(responses, None))
+            if welcomed:
+                for message in responses:
+                    self._handle_message(session, message)
+        except grpc.RpcError as e:
+            error = e
+        finally:
+            self._close_session(session)
+            timer.join()
+            session.cancel()
+            session.channel.close()
+        return self._session_end(target, welcomed, redirected, redirect_to, error)
+
     def _session_timer(self, session):
         """Heartbeats, and the welcome and drain watchdogs, of one session."""
         with self._cv:
-            self._cv.wait_for(lambda: (self._welcomed or self._session is not session or
-                                       self._shutdown), self._welcome_timeout)
-            if self._session is not session or self._shutdown:
-                if self._shutdown:
-                    session.cancel()
+            self._cv.wait_for(lambda: self._welcome_wait_over_locked(session),
+                              self._welcome_timeout)
+            if not self._after_welcome_wait_locked(session):
                 return
-            if not self._welcomed:
-                _log.warning("no Welcome within %gs worker=%s", self._welcome_timeout,
-                             self.worker_id)
-                session.cancel()
-                return
-        with self._cv:
-            session.last_tick = time.monotonic()
         while True:
             with self._cv:
-                self._cv.wait_for(lambda: (self._session is not session or self._shutdown or
-                                           self._drain_done_locked()),
+                self._cv.wait_for(lambda: self._tick_wait_over_locked(session),
                                   self._heartbeat_interval)
-                if self._session is not session or self._shutdown:
-                    return
-                if self._frozen_locked(session):
-                    session.suspect = True
-                session.last_tick = time.monotonic()
-                suspect = session.suspect
-                drained = self._drain_done_locked()
-                heartbeat = None if drained or suspect else self._heartbeat_locked()
-            if suspect:
-                _log.warning("worker=%s was frozen for longer than its heartbeats allow: "
-                             "dropping the stream, the next Hello reports what still runs",
-                             self.worker_id)
+                action, heartbeat = self._tick_locked(session)
+            if action == "stop":
+                return
+            if action == "frozen":
+                self._log_frozen()
                 session.cancel()
                 return
-            if drained:
-                _log.info("drained worker=%s: closing the stream", self.worker_id)
-                # drain() announces itself too, but may lose the race with this thread.
-                session.write(pb.WorkerMessage(draining=pb.Draining()))
-                session.close()
+            if action == "drained":
+                self._close_drained(session)
                 with self._cv:
                     gone = self._cv.wait_for(lambda: self._session is not session, 2.0)
                 if not gone:

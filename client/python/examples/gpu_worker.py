@@ -17,8 +17,8 @@ same place. What matters is the shape:
 
 A job's payload is UTF-8 text; its output is JSON: {"model", "load_id", "dim", "embedding"}.
 `load_id` names the load that served it: every job of one worker process carries the same one.
-Runs from the SDK's build directory (build/client/python/examples), or anywhere the dispatchd
-package is on PYTHONPATH.
+Runs wherever the dispatchd package is importable: installed (`pip install ./client/python`), or
+the build tree's copy on PYTHONPATH (PYTHONPATH=build/client/python).
 """
 
 import argparse
@@ -34,9 +34,7 @@ import time
 import uuid
 import zlib
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.realpath(__file__)), ".."))
-
-import dispatchd  # noqa: E402
+import dispatchd
 
 log = logging.getLogger("gpu_worker")
 

@@ -30,15 +30,27 @@ class DaemonFixture:
         _psql(self.server_url, f"CREATE DATABASE {self.db}")
         self.dir = tempfile.mkdtemp(prefix="dispatchd-py-")
         os.chmod(self.dir, 0o755)
+        self._types = types
+        self.daemon_log = open(os.path.join(self.dir, "daemon.log"), "w")
+        self.address = self._start_daemon("127.0.0.1:0")
+        self.worker_log = open(os.path.join(self.dir, "worker.log"), "w")
+        self.worker = None if not worker else subprocess.Popen(
+            [os.environ["DISPATCH_WORKER_BIN"], "--server", self.address, "--id", "py-w",
+             "--types", "echo", "--slots", "4", "--echo"],
+            stdout=self.worker_log, stderr=subprocess.STDOUT)
+
+    def _start_daemon(self, listen):
+        """Starts the daemon listening on `listen`; returns the address it bound."""
         config = os.path.join(self.dir, "dispatchd.yaml")
         with open(config, "w") as f:
-            f.write("listen: 127.0.0.1:0\n"
+            f.write(f"listen: {listen}\n"
                     f"state_dir: {self.dir}/state\n"
                     "metrics:\n  listen: 127.0.0.1:0\n"
                     f"postgres:\n  url: \"{_with_database(self.server_url, self.db)}\"\n"
-                    "types:\n" + types)
+                    "types:\n" + self._types)
         ready = os.path.join(self.dir, "ready")
-        self.daemon_log = open(os.path.join(self.dir, "daemon.log"), "w")
+        if os.path.exists(ready):
+            os.remove(ready)
         self.daemon = subprocess.Popen([os.environ["DISPATCHD_BIN"], "--config", config,
                                         "--ready-file", ready],
                                        stdout=self.daemon_log, stderr=subprocess.STDOUT)
@@ -48,12 +60,14 @@ class DaemonFixture:
                 raise RuntimeError("dispatchd did not start: " + self.log())
             time.sleep(0.05)
         with open(ready) as f:
-            self.address = f.read().strip()
-        self.worker_log = open(os.path.join(self.dir, "worker.log"), "w")
-        self.worker = None if not worker else subprocess.Popen(
-            [os.environ["DISPATCH_WORKER_BIN"], "--server", self.address, "--id", "py-w",
-             "--types", "echo", "--slots", "4", "--echo"],
-            stdout=self.worker_log, stderr=subprocess.STDOUT)
+            return f.read().strip()
+
+    def restart(self):
+        """Kills the daemon (SIGKILL) and starts it again on the same address and database."""
+        self.daemon.kill()
+        self.daemon.wait(10)
+        self.daemon_log.flush()
+        self._start_daemon(self.address)
 
     def log(self):
         with open(os.path.join(self.dir, "daemon.log")) as f:

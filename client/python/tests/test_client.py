@@ -1,7 +1,9 @@
 """dispatchd.Client against a real daemon and dispatch-worker on 127.0.0.1.
 
-Run by ctest (test `python_client`), which provides the `pg` fixture's server and the binaries:
-DISPATCHD_TEST_PG_URL_FILE, DISPATCHD_BIN, DISPATCH_WORKER_BIN, and PYTHONPATH=build/client/python.
+Run by ctest, which provides the `pg` fixture's server and the binaries: DISPATCHD_TEST_PG_URL_FILE,
+DISPATCHD_BIN, DISPATCH_WORKER_BIN, DISPATCHCTL_BIN. Test `python_client` runs these tests with
+the build tree's package (PYTHONPATH=build/client/python), `python_wheel` with the wheel installed
+into a fresh venv (tests/python/wheel_test.sh).
 """
 
 import os

@@ -3,7 +3,7 @@
 The Python reference worker (dispatch-worker.py) also runs the C++ end-to-end suite in place of
 dispatch-worker (ctest -R python_worker/); these tests cover what only the SDK's API shows:
 handler outcomes, backpressure as the handler sees it, cancellation, drain, and bad options.
-Run by ctest (test `python_client`); see test_client.py for the environment it provides.
+Run by ctest (tests `python_client` and `python_wheel`); see test_client.py for the environment.
 """
 
 import json
@@ -19,6 +19,12 @@ import grpc
 
 import dispatchd
 from daemon_fixture import DaemonFixture
+
+# The reference worker (dispatch-worker.py, or the installed package's dispatch-worker-py), run
+# from whichever dispatchd package this interpreter imports: the build tree's or an installed one.
+_REFERENCE_WORKER = [sys.executable, "-m", "dispatchd.reference_worker"]
+# The examples, beside the tests in the source tree; they import dispatchd as these tests do.
+_EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples")
 
 _TYPES = ("  - name: py\n    max_attempts: 2\n    retry_backoff: 0s\n"
           "  - name: embed.text\n    model: toy-embed\n    vram_gb: 2\n")
@@ -217,12 +223,11 @@ class WorkerTest(unittest.TestCase):
                 self.assertTrue(str(err.exception).startswith(field), str(err.exception))
 
     def test_reference_worker_refuses_a_bad_command_line_by_name(self):
-        worker = os.path.join(os.path.dirname(dispatchd.__file__), "..", "dispatch-worker.py")
         for args, field in [(["--types", ""], "--types"),
                             (["--types", "py", "--simulate", "90%:1s"], "--simulate"),
                             (["--types", "py", "--labels", "novalue"], "--labels")]:
             with self.subTest(args=args):
-                r = subprocess.run([sys.executable, worker, "--server", self.fx.address] + args,
+                r = subprocess.run(_REFERENCE_WORKER + ["--server", self.fx.address] + args,
                                    capture_output=True, text=True, timeout=30)
                 self.assertEqual(r.returncode, 2, r.stderr)
                 self.assertIn(field, r.stderr)
@@ -230,7 +235,6 @@ class WorkerTest(unittest.TestCase):
     def test_reference_worker_exec_stops_a_cancelled_command_with_sigterm(self):
         # The worker blocks SIGTERM for its own signal thread; the command must not inherit that,
         # or a cancel would wait out the grace period and SIGKILL it without its trap running.
-        worker = os.path.join(os.path.dirname(dispatchd.__file__), "..", "dispatch-worker.py")
         mark = os.path.join(self.fx.dir, "got-sigterm")
         # (Not a shell trap: dash clears its signal mask itself. A program that does not is what
         # shows whether the worker passed its own mask on.)
@@ -238,7 +242,7 @@ class WorkerTest(unittest.TestCase):
                    f"signal.signal(signal.SIGTERM, lambda *_: (open('{mark}', 'w').close(), "
                    f"sys.exit(1))); open('{mark}.ready', 'w').close(); time.sleep(60)\"")
         with open(os.path.join(self.fx.dir, "exec-worker.log"), "w") as log:
-            proc = subprocess.Popen([sys.executable, worker, "--server", self.fx.address,
+            proc = subprocess.Popen(_REFERENCE_WORKER + ["--server", self.fx.address,
                                      "--id", "py-exec", "--types", "py", "--exec", command],
                                     stdout=log, stderr=subprocess.STDOUT)
         self.addCleanup(lambda: proc.poll() is None and proc.kill())
@@ -252,8 +256,7 @@ class WorkerTest(unittest.TestCase):
         self.assertEqual(proc.wait(30), 0)
 
     def test_example_gpu_worker_loads_its_model_once_and_serves_every_job(self):
-        example = os.path.join(os.path.dirname(dispatchd.__file__), "..", "examples",
-                               "gpu_worker.py")
+        example = os.path.join(_EXAMPLES, "gpu_worker.py")
         log_path = os.path.join(self.fx.dir, "gpu_worker.log")
         with open(log_path, "w") as log:
             proc = subprocess.Popen(
