@@ -348,7 +348,7 @@ class AsyncWorker(WorkerBase):
             except Exception:  # noqa: BLE001  (a timer bug must not keep the worker down)
                 _log.exception("session timer failed worker=%s", self.worker_id)
             await session.stop()
-        return self._session_end(target, welcomed, redirected, redirect_to, error)
+        return self._session_end(session, target, welcomed, redirected, redirect_to, error)
 
     @staticmethod
     async def _read(session: AsyncSession, call: Any) -> Optional[pb.DaemonMessage]:

@@ -306,9 +306,9 @@ class WorkerBase(JobRunner):
             self._cv.notify_all()
         session.fail_unsent()
 
-    def _session_end(self, target, welcomed, redirected, redirect_to,
+    def _session_end(self, session, target, welcomed, redirected, redirect_to,
                      error) -> Tuple[str, str]:
-        """Logs how a session ended (error: the grpc.RpcError that ended it, or None); returns
+        """Logs how `session` ended (error: the grpc.RpcError that ended it, or None); returns
         ("welcomed" | "stopped" | "redirected" | "refused" | "failed", the leader's address on a
         redirect; "stopped": welcomed, and the daemon then said it was stopping)."""
         with self._cv:
@@ -579,7 +579,7 @@ class Worker(WorkerBase):
             timer.join()
             session.cancel()
             session.channel.close()
-        return self._session_end(target, welcomed, redirected, redirect_to, error)
+        return self._session_end(session, target, welcomed, redirected, redirect_to, error)
 
     def _session_timer(self, session):
         """Heartbeats, and the welcome and drain watchdogs, of one session."""
