@@ -50,6 +50,7 @@ import grpc
 from dispatchd.job import Job, JobFailed  # noqa: F401
 from dispatchd.job_runner import JobRunner
 from dispatchd.memory import Gpu, MemoryReport, fill_memory  # noqa: F401
+from dispatchd.nvml import GpuSource
 from dispatchd.security import Security
 from dispatchd.session import Session
 from dispatchd.v1 import worker_service_pb2 as pb
@@ -79,7 +80,7 @@ class Worker(JobRunner):
     (assignments, handlers, results until acknowledged) is JobRunner's, which shares its lock."""
 
     def __init__(self, server, *, worker_id, types, handler, slots=1, max_concurrent=0,
-                 labels=None, models_resident=(), gpus=(), memory_probe=None,
+                 labels=None, models_resident=(), gpus=(), memory_probe=None, nvml=True,
                  reconnect_min=0.1, reconnect_max=5.0, welcome_timeout=30.0,
                  default_heartbeat_interval=5.0, drain_result_timeout=30.0,
                  max_output_bytes=DEFAULT_MAX_OUTPUT_BYTES, security=None):
@@ -90,9 +91,15 @@ class Worker(JobRunner):
         handler: called with a Job; returns the output (bytes, str or None) or raises JobFailed.
         max_concurrent: jobs executing at once, more are refused; 0 means `slots`.
         gpus: Gpu(id, memory_total_bytes) each; the daemon places a model here only if the VRAM
-            of its models fits in their total. None reported: no limit.
+            of its models fits in their total. None reported: no limit. Empty (the default):
+            the GPUs NVML reads, if `nvml`.
+        nvml: when `gpus` is empty, read the GPUs (those CUDA_VISIBLE_DEVICES leaves visible)
+            and their memory from NVML (libnvidia-ml.so.1, or the library the environment's
+            DISPATCHD_NVML_LIBRARY names, loaded at run time): Hello reports each GPU's name,
+            UUID and memory, each heartbeat its memory in use and the part this process and its
+            children hold. Without the library, a driver or a GPU: none, and one log line.
         memory_probe: returns a MemoryReport for each heartbeat (default: host RAM from
-            /proc/meminfo, no GPU use).
+            /proc/meminfo, GPU use from NVML); its gpu_used_bytes replace NVML's, per GPU.
         security: a dispatchd.Security (TLS and the bearer token); default none. Its files are
             read here: ValueError naming the flag if one cannot be read.
         Timings are in seconds."""
@@ -135,6 +142,7 @@ class Worker(JobRunner):
         self._labels = dict(labels or {})
         self._gpus = [Gpu(*g) for g in gpus]
         self._memory_probe = memory_probe
+        self._gpu_source = GpuSource(self._gpus, nvml, worker_id)
         self._reconnect_min = reconnect_min
         self._reconnect_max = reconnect_max
         self._welcome_timeout = welcome_timeout
@@ -281,8 +289,7 @@ class Worker(JobRunner):
         session = Session(target, self._security)
         hello = pb.Hello(worker_id=self.worker_id, types=self._types, slots=self._slots,
                          labels=self._labels, batching=True,
-                         gpus=[pb.Gpu(id=g.id, memory_total_bytes=g.memory_total_bytes)
-                               for g in self._gpus])
+                         gpus=self._gpu_source.gpus(pb))
         with self._cv:
             if self._shutdown:
                 session.channel.close()
@@ -444,8 +451,6 @@ class Worker(JobRunner):
         # daemon counts a job its worker stops reporting as lost.
         hb.running_jobs.extend(_held(k) for k in self._unacked if k not in self._running)
         hb.models_resident.extend(self._models_resident)
-        hb.gpus.extend(pb.Gpu(id=g.id, memory_total_bytes=g.memory_total_bytes)
-                       for g in self._gpus)
         return hb
 
     def _session_timer(self, session):
@@ -493,5 +498,6 @@ class Worker(JobRunner):
                 if not gone:
                     session.cancel()
                 return
+            heartbeat.gpus.extend(self._gpu_source.gpus(pb))
             fill_memory(heartbeat, self._memory_probe, self.worker_id)
             session.write(pb.WorkerMessage(heartbeat=heartbeat))
