@@ -391,14 +391,19 @@ int Main(int argc, char** argv) {
   app.add_option("--labels", labels_flag, "Placement labels k=v,k2=v2");
   std::string memory_file;
   app.add_option("--memory-file", memory_file,
-                 "Report memory use from this file instead of /proc/meminfo: one line "
-                 "`RAM_USED RAM_TOTAL [GPU_USED]` in bytes, re-read at each heartbeat (for an "
-                 "external monitor, or to test memory throttling)");
+                 "Report memory use from this file instead of /proc/meminfo and NVML: one line "
+                 "`RAM_USED RAM_TOTAL [GPU_USED]` in bytes (GPU_USED: of the first GPU), re-read "
+                 "at each heartbeat (for an external monitor, or to test memory throttling)");
   double gpu_memory_gb = 0;
   app.add_option("--gpu-memory-gb", gpu_memory_gb,
-                 "Report one GPU with this much memory (GB): the daemon then loads only models "
-                 "whose vram_gb fit in it (default: report none, no VRAM limit)")
+                 "Report one GPU with this much memory (GB) instead of the GPUs NVML reads: the "
+                 "daemon then loads only models whose vram_gb fit in it")
       ->check(CLI::NonNegativeNumber);
+  bool no_nvml = false;
+  app.add_flag("--no-nvml", no_nvml,
+               "Do not read GPUs from NVML (libnvidia-ml.so.1, or env DISPATCHD_NVML_LIBRARY): "
+               "report none unless --gpu-memory-gb names one (default: the GPUs NVML lists that "
+               "CUDA_VISIBLE_DEVICES leaves visible, with their memory)");
   app.add_option("--journal", journal_path,
                  "Append `start job=J attempt=N ms=T` / `end job=J attempt=N ok=0|1 ms=T` lines");
   std::string start_log_path;
@@ -471,6 +476,7 @@ int Main(int argc, char** argv) {
       return r;
     };
   }
+  options.nvml = !no_nvml;
   if (gpu_memory_gb > 0) {
     options.gpus.push_back(
         {.id = "0", .memory_total_bytes = static_cast<int64_t>(gpu_memory_gb * 1e9)});

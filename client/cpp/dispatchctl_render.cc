@@ -150,18 +150,34 @@ void PrintRunResult(const v1::Job& job) {
 
 void PrintWorkers(const v1::ListWorkersResponse& r) {
   std::vector<std::vector<std::string>> rows = {{"ID", "PEER", "TYPES", "BUSY/SLOTS", "MODELS",
-                                                 "VRAM GB", "LOADS", "LABELS", "CONNECTED",
-                                                 "LAST SEEN"}};
+                                                 "VRAM GB", "GPU MEM GB", "LOADS", "LABELS",
+                                                 "CONNECTED", "LAST SEEN"}};
   for (const v1::WorkerInfo& w : r.workers()) {
     std::map<std::string, std::string> labels(w.labels().begin(), w.labels().end());
     // VRAM: in use / total; "-" for a worker that reported no GPU.
     std::string vram = w.vram_gb() < 0 ? "-"
                                        : absl::StrCat(FormatNumber(w.vram_in_use_gb(), 1), "/",
                                                       FormatNumber(w.vram_gb(), 1));
-    rows.push_back({w.worker_id() + (w.draining() ? " (draining)" : ""), w.peer(),
-                    absl::StrJoin(w.types(), ","), absl::StrCat(w.busy(), "/", w.slots()),
+    // GPU memory as the worker reported it, per GPU: used/total, and "(own N)" for what the
+    // worker holds itself when it says; "-" for a worker that reported no GPU.
+    std::vector<std::string> gpus;
+    for (const v1::Gpu& g : w.gpus()) {
+      std::string cell =
+          absl::StrCat(FormatNumber(static_cast<double>(g.memory_used_bytes()) / 1e9, 1), "/",
+                       FormatNumber(static_cast<double>(g.memory_total_bytes()) / 1e9, 1));
+      if (g.has_memory_used_by_worker_bytes()) {
+        absl::StrAppend(&cell, " (own ",
+                        FormatNumber(static_cast<double>(g.memory_used_by_worker_bytes()) / 1e9, 1),
+                        ")");
+      }
+      gpus.push_back(std::move(cell));
+    }
+    rows.push_back({w.worker_id() + (w.draining() ? " (draining)" : "") +
+                        (w.memory_throttled() ? " (throttled)" : ""),
+                    w.peer(), absl::StrJoin(w.types(), ","), absl::StrCat(w.busy(), "/", w.slots()),
                     w.models_resident().empty() ? "-" : absl::StrJoin(w.models_resident(), ","),
-                    vram, absl::StrCat(w.model_loads()),
+                    vram, gpus.empty() ? "-" : absl::StrJoin(gpus, ", "),
+                    absl::StrCat(w.model_loads()),
                     labels.empty() ? "-" : absl::StrJoin(labels, ",", absl::PairFormatter("=")),
                     FormatTimestamp(w.connected_at()), FormatTimestamp(w.last_seen())});
   }

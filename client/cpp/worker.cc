@@ -16,6 +16,7 @@
 #include "absl/time/clock.h"
 
 #include "client/cpp/worker_log.h"
+#include "client/cpp/worker_memory_probe.h"
 #include "proto/convert/time_proto.h"
 
 namespace dispatchd::client {
@@ -103,6 +104,7 @@ Worker::Worker(WorkerOptions options, Handler handler)
         }
         return out;
       }()),
+      gpus_(worker_internal::GpuSource::Create(options_)),
       models_resident_(options_.models_resident),
       heartbeat_interval_(options_.default_heartbeat_interval) {}
 

@@ -40,6 +40,10 @@ namespace dispatchd::client {
 
 namespace v1 = ::dispatchd::v1;
 
+namespace worker_internal {
+class GpuSource;  // worker_memory_probe.h, which includes this header
+}  // namespace worker_internal
+
 struct WorkerOptions {
   // Daemon address, host:port; or several, comma-separated, for daemons sharing one database.
   // The worker connects to the first; a standby answers with the leader's address (Redirect) and
@@ -61,12 +65,20 @@ struct WorkerOptions {
   std::vector<std::string> models_resident;
   // GPUs on this host, reported in Hello and heartbeats. The daemon places a model on this
   // worker only if the VRAM of its models fits in their total memory; none reported: no limit.
+  // Empty (the default): the GPUs NVML reads, if `nvml`.
   struct Gpu {
     std::string id;
     int64_t memory_total_bytes = 0;
   };
   std::vector<Gpu> gpus;
-  // Memory reported in heartbeats. Default (unset): host RAM from /proc/meminfo and no GPU use.
+  // When `gpus` is empty, read the GPUs (those CUDA_VISIBLE_DEVICES leaves visible) and their
+  // memory from NVML: libnvidia-ml.so.1, or the library the environment's
+  // DISPATCHD_NVML_LIBRARY names, loaded at run time. Hello then reports each GPU's name, UUID
+  // and memory, and each heartbeat its memory in use and the part this process and its children
+  // hold. Without the library, a driver or a GPU, the worker reports none and logs why, once.
+  bool nvml = true;
+  // Memory reported in heartbeats. Default (unset): host RAM from /proc/meminfo, and GPU use from
+  // NVML (none without it). Set: RAM and, per entry of the GPUs reported, the GPU use it gives.
   // The daemon stops sending jobs to a worker whose use passes its throttle thresholds.
   struct MemoryReport {
     int64_t ram_used_bytes = 0;
@@ -222,6 +234,8 @@ class Worker {
   const int max_concurrent_;
   const absl::flat_hash_set<std::string> types_;
   const std::vector<std::string> servers_;  // options_.server split at commas
+  // The GPUs that Hello and heartbeats report (from options_ or NVML).
+  const std::unique_ptr<worker_internal::GpuSource> gpus_;
 
   mutable absl::Mutex mu_;
   bool run_called_ ABSL_GUARDED_BY(mu_) = false;

@@ -1,7 +1,7 @@
 #pragma once
 
 // The worker SDK's logger, shared by its .cc files (worker.cc, worker_session.cc,
-// worker_handler_pool.cc). Nothing else includes it.
+// worker_handler_pool.cc, worker_memory_probe.cc). Nothing else includes it.
 
 #include <memory>
 

@@ -191,11 +191,7 @@ Worker::SessionEnd Worker::RunSession(const std::string& target, const Credentia
   hello.set_slots(options_.slots);
   hello.set_batching(true);
   for (const auto& [k, v] : options_.labels) (*hello.mutable_labels())[k] = v;
-  for (const WorkerOptions::Gpu& g : options_.gpus) {
-    v1::Gpu* gpu = hello.add_gpus();
-    gpu->set_id(g.id);
-    gpu->set_memory_total_bytes(g.memory_total_bytes);
-  }
+  gpus_->Add(hello.mutable_gpus());
   {
     absl::MutexLock l(&mu_);
     if (shutdown_) return SessionEnd::kFailed;
@@ -369,11 +365,6 @@ v1::WorkerMessage Worker::HeartbeatLocked() const {
   v1::Heartbeat* hb = m.mutable_heartbeat();
   AddHeldJobsLocked(hb->mutable_running_jobs());
   for (const std::string& model : models_resident_) hb->add_models_resident(model);
-  for (const WorkerOptions::Gpu& g : options_.gpus) {
-    v1::Gpu* gpu = hb->add_gpus();
-    gpu->set_id(g.id);
-    gpu->set_memory_total_bytes(g.memory_total_bytes);
-  }
   return m;
 }
 
@@ -423,6 +414,7 @@ void Worker::SessionTimerLoop(std::shared_ptr<Session> session) {
       }
       return;
     }
+    gpus_->Add(heartbeat.mutable_heartbeat()->mutable_gpus());
     worker_internal::AddMemoryReadings(options_.memory_probe, heartbeat.mutable_heartbeat());
     session->Write(heartbeat);
   }

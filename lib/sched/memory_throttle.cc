@@ -18,8 +18,11 @@ bool NextThrottleState(bool throttled, const MemoryUse& use,
                        const config::MemoryThrottleConfig& limits, std::string* why) {
   const double ram = Percent(use.ram_used_bytes, use.ram_total_bytes);
   double gpu = 0;
-  for (const MemoryUse::Gpu& g : use.gpus)
-    gpu = std::max(gpu, Percent(g.used_bytes, g.total_bytes));
+  for (const MemoryUse::Gpu& g : use.gpus) {
+    const int64_t counted =
+        g.worker_bytes >= 0 ? std::max<int64_t>(g.used_bytes - g.worker_bytes, 0) : g.used_bytes;
+    gpu = std::max(gpu, Percent(counted, g.total_bytes));
+  }
   const bool ram_high = ram >= (throttled ? limits.ram_resume_percent : limits.ram_percent);
   const bool gpu_high = gpu >= (throttled ? limits.gpu_resume_percent : limits.gpu_percent);
   const bool next = ram_high || gpu_high;

@@ -189,6 +189,8 @@ class Dispatcher final : public store::Placer {
     // RAM as its last heartbeat reported it.
     int64_t ram_used_bytes = 0;
     int64_t ram_total_bytes = 0;
+    // GPUs as its last heartbeat (or Hello, before the first) reported them, for ListWorkers.
+    google::protobuf::RepeatedPtrField<v1::Gpu> gpus;
     // Jobs its last heartbeat held that were not its to run, by attempt: stopped only if the
     // next heartbeat still holds them (a result crossing its ack on the wire is not a drift).
     absl::flat_hash_map<std::string, int32_t> not_own;

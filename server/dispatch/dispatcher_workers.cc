@@ -192,6 +192,7 @@ std::vector<v1::WorkerInfo> Dispatcher::WorkersNow() const {
     info.set_memory_throttled(w.throttled);
     info.set_ram_used_bytes(s.ram_used_bytes);
     info.set_ram_total_bytes(s.ram_total_bytes);
+    *info.mutable_gpus() = s.gpus;
     for (const std::string& m : w.models_resident) info.add_models_resident(m);
     info.set_vram_gb(w.vram_gb);
     info.set_vram_in_use_gb(w.vram_in_use_gb);
@@ -214,6 +215,7 @@ void Dispatcher::OnHello(const std::shared_ptr<WorkerLink>& link, const v1::Hell
   s.peer = link->peer();
   s.connected_at = now;
   s.last_seen = now;
+  s.gpus = hello.gpus();
   // VRAM is the sum over the worker's GPUs; a worker that reports none is not VRAM-limited.
   double vram_gb = -1;
   for (const v1::Gpu& gpu : hello.gpus()) {
@@ -456,9 +458,13 @@ void Dispatcher::CheckMemory(const std::string& worker_id, const v1::Heartbeat& 
   it->second.ram_total_bytes = heartbeat.ram_total_bytes();
   sched::MemoryUse use{.ram_used_bytes = heartbeat.ram_used_bytes(),
                        .ram_total_bytes = heartbeat.ram_total_bytes()};
+  if (!heartbeat.gpus().empty()) it->second.gpus = heartbeat.gpus();
   for (const v1::Gpu& g : heartbeat.gpus()) {
-    use.gpus.push_back(
-        {.used_bytes = g.memory_used_bytes(), .total_bytes = g.memory_total_bytes()});
+    use.gpus.push_back({.used_bytes = g.memory_used_bytes(),
+                        .total_bytes = g.memory_total_bytes(),
+                        .worker_bytes = g.has_memory_used_by_worker_bytes()
+                                            ? g.memory_used_by_worker_bytes()
+                                            : -1});
   }
   std::string why;
   bool& throttled = it->second.throttled;

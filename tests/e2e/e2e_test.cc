@@ -7,10 +7,15 @@
 #include "pqxx/connection"
 #include "pqxx/nontransaction"
 #include "pqxx/result"
+#include <stdlib.h>
 
 namespace dispatchd::e2e {
 
 void E2eTest::SetUp() {
+  // Workers read GPUs from the NVML stand-in, which reports none until a test names a file for
+  // it (NVML_STANDIN_FILE): a test's workers see no GPU of the host they run on.
+  setenv("DISPATCHD_NVML_LIBRARY", NVML_STANDIN_LIB, 1);
+  unsetenv("NVML_STANDIN_FILE");
   const ::testing::TestInfo* info = ::testing::UnitTest::GetInstance()->current_test_info();
   absl::StatusOr<testing::TestDatabase> db =
       testing::TestDatabase::Create(info != nullptr ? info->test_suite_name() : "e2e");

@@ -27,7 +27,9 @@ namespace dispatchd::e2e {
 
 class E2eTest : public ::testing::Test {
  protected:
-  // Creates the test's database, named after its suite.
+  // Creates the test's database, named after its suite, and points the workers it starts at the
+  // NVML stand-in (tests/testing/nvml_standin.cc) with no GPU: a test that wants GPUs sets
+  // NVML_STANDIN_FILE before it starts a worker.
   void SetUp() override;
 
   // Starts a daemon on the test's database (options.postgres_url is filled in) with its config

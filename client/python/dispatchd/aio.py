@@ -250,7 +250,7 @@ class AsyncWorker(WorkerBase):
                  handler: Callable[[AsyncJob], Awaitable[Output]], slots: int = 1,
                  max_concurrent: int = 0, labels: Optional[Mapping[str, str]] = None,
                  models_resident: Iterable[str] = (), gpus: Iterable[GpuSpec] = (),
-                 memory_probe: Optional[Callable[[], MemoryReport]] = None,
+                 memory_probe: Optional[Callable[[], MemoryReport]] = None, nvml: bool = True,
                  reconnect_min: float = 0.1, reconnect_max: float = 5.0,
                  welcome_timeout: float = 30.0, default_heartbeat_interval: float = 5.0,
                  drain_result_timeout: float = 30.0,
@@ -259,12 +259,12 @@ class AsyncWorker(WorkerBase):
         """The arguments and their errors are dispatchd.Worker's; `handler` is an async def
         function called with an AsyncJob, which returns the output (bytes, str or None) or
         raises JobFailed. (A plain function that returns the output is called in the loop,
-        which it blocks while it runs.) `memory_probe` runs on a thread of the loop's default
-        executor."""
+        which it blocks while it runs.) `memory_probe` and the NVML readings run on a thread of the
+        loop's default executor."""
         super().__init__(server, worker_id=worker_id, types=types, handler=handler, slots=slots,
                          max_concurrent=max_concurrent, labels=labels,
                          models_resident=models_resident, gpus=gpus, memory_probe=memory_probe,
-                         reconnect_min=reconnect_min, reconnect_max=reconnect_max,
+                         nvml=nvml, reconnect_min=reconnect_min, reconnect_max=reconnect_max,
                          welcome_timeout=welcome_timeout,
                          default_heartbeat_interval=default_heartbeat_interval,
                          drain_result_timeout=drain_result_timeout,
@@ -390,6 +390,7 @@ class AsyncWorker(WorkerBase):
                 if not gone:
                     session.cancel()
                 return
+            heartbeat.gpus.extend(await asyncio.to_thread(self._gpu_source.gpus, pb))
             if self._memory_probe is None:
                 fill_memory(heartbeat, None, self.worker_id)
             else:

@@ -55,11 +55,13 @@ def fill_memory(heartbeat, memory_probe, worker_id):
             heartbeat.ram_total_bytes = int(report.ram_total_bytes)
             for gpu, used in zip(heartbeat.gpus, report.gpu_used_bytes):
                 gpu.memory_used_bytes = int(used)
+                gpu.ClearField("memory_used_by_worker_bytes")  # the probe's figure counts whole
         except Exception as e:  # noqa: BLE001  (a heartbeat must go out regardless)
             _log.warning("memory_probe failed worker=%s: %s: %s (reporting host RAM)",
                          worker_id, type(e).__name__, e)
             report = None
             for gpu in heartbeat.gpus:
                 gpu.memory_used_bytes = 0
+                gpu.ClearField("memory_used_by_worker_bytes")
     if report is None:
         heartbeat.ram_used_bytes, heartbeat.ram_total_bytes = read_meminfo()

@@ -353,10 +353,15 @@ def _parser():
                    help="jobs run at once; more are refused RESOURCE_EXHAUSTED (default: --slots)")
     p.add_argument("--labels", default="", help="placement labels k=v,k2=v2")
     p.add_argument("--memory-file",
-                   help="report memory use from this file instead of /proc/meminfo: one line "
-                        "`RAM_USED RAM_TOTAL [GPU_USED]` in bytes, re-read at each heartbeat")
+                   help="report memory use from this file instead of /proc/meminfo and NVML: one "
+                        "line `RAM_USED RAM_TOTAL [GPU_USED]` in bytes (GPU_USED: of the first "
+                        "GPU), re-read at each heartbeat")
     p.add_argument("--gpu-memory-gb", type=float, default=0,
-                   help="report one GPU with this much memory (GB) (default: none, no VRAM limit)")
+                   help="report one GPU with this much memory (GB) instead of the GPUs NVML reads")
+    p.add_argument("--no-nvml", action="store_true",
+                   help="do not read GPUs from NVML (libnvidia-ml.so.1, or env "
+                        "DISPATCHD_NVML_LIBRARY): report none unless --gpu-memory-gb names one "
+                        "(default: the GPUs NVML lists that CUDA_VISIBLE_DEVICES leaves visible)")
     p.add_argument("--journal", help="append `start job=J attempt=N ms=T` / `end job=J attempt=N "
                                      "ok=0|1 ms=T` lines")
     p.add_argument("--start-log", help="append `JOB_ID ATTEMPT UNIX_MICROS` when a job's handler "
@@ -467,6 +472,7 @@ def main(argv=None):
                               else []),
                         memory_probe=_memory_file_probe(args.memory_file) if args.memory_file
                         else None,
+                        nvml=not args.no_nvml,
                         security=Security(args.tls_ca, args.tls_cert, args.tls_key,
                                           args.token_file))
     except ValueError as e:

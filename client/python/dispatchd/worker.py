@@ -55,6 +55,7 @@ import grpc
 from dispatchd.job import Job, JobFailed  # noqa: F401
 from dispatchd.job_runner import JobRunner
 from dispatchd.memory import Gpu, MemoryReport, fill_memory  # noqa: F401
+from dispatchd.nvml import GpuSource
 from dispatchd.security import Security
 from dispatchd.session import Session
 from dispatchd.v1 import worker_service_pb2 as pb
@@ -90,7 +91,7 @@ class WorkerBase(JobRunner):
                  handler: Callable[[Job], Any], slots: int = 1, max_concurrent: int = 0,
                  labels: Optional[Mapping[str, str]] = None,
                  models_resident: Iterable[str] = (), gpus: Iterable[GpuSpec] = (),
-                 memory_probe: Optional[Callable[[], MemoryReport]] = None,
+                 memory_probe: Optional[Callable[[], MemoryReport]] = None, nvml: bool = True,
                  reconnect_min: float = 0.1, reconnect_max: float = 5.0,
                  welcome_timeout: float = 30.0, default_heartbeat_interval: float = 5.0,
                  drain_result_timeout: float = 30.0,
@@ -135,6 +136,7 @@ class WorkerBase(JobRunner):
         self._labels = dict(labels or {})
         self._gpus = [Gpu(*g) for g in gpus]
         self._memory_probe = memory_probe
+        self._gpu_source = GpuSource(self._gpus, nvml, worker_id)
         self._reconnect_min = reconnect_min
         self._reconnect_max = reconnect_max
         self._welcome_timeout = welcome_timeout
@@ -263,8 +265,7 @@ class WorkerBase(JobRunner):
         """Makes `session` the current one and writes its Hello; False after shutdown()."""
         hello = pb.Hello(worker_id=self.worker_id, types=self._types, slots=self._slots,
                          labels=self._labels, batching=True,
-                         gpus=[pb.Gpu(id=g.id, memory_total_bytes=g.memory_total_bytes)
-                               for g in self._gpus])
+                         gpus=self._gpu_source.gpus(pb))
         with self._cv:
             if self._shutdown:
                 return False
@@ -424,8 +425,6 @@ class WorkerBase(JobRunner):
         # daemon counts a job its worker stops reporting as lost.
         hb.running_jobs.extend(_held(k) for k in self._unacked if k not in self._running)
         hb.models_resident.extend(self._models_resident)
-        hb.gpus.extend(pb.Gpu(id=g.id, memory_total_bytes=g.memory_total_bytes)
-                       for g in self._gpus)
         return hb
 
     def _welcome_wait_over_locked(self, session) -> bool:
@@ -486,7 +485,7 @@ class Worker(WorkerBase):
                  handler: Callable[[Job], Output], slots: int = 1, max_concurrent: int = 0,
                  labels: Optional[Mapping[str, str]] = None,
                  models_resident: Iterable[str] = (), gpus: Iterable[GpuSpec] = (),
-                 memory_probe: Optional[Callable[[], MemoryReport]] = None,
+                 memory_probe: Optional[Callable[[], MemoryReport]] = None, nvml: bool = True,
                  reconnect_min: float = 0.1, reconnect_max: float = 5.0,
                  welcome_timeout: float = 30.0, default_heartbeat_interval: float = 5.0,
                  drain_result_timeout: float = 30.0,
@@ -499,16 +498,22 @@ class Worker(WorkerBase):
         handler: called with a Job; returns the output (bytes, str or None) or raises JobFailed.
         max_concurrent: jobs executing at once, more are refused; 0 means `slots`.
         gpus: Gpu(id, memory_total_bytes) each; the daemon places a model here only if the VRAM
-            of its models fits in their total. None reported: no limit.
+            of its models fits in their total. None reported: no limit. Empty (the default):
+            the GPUs NVML reads, if `nvml`.
+        nvml: when `gpus` is empty, read the GPUs (those CUDA_VISIBLE_DEVICES leaves visible)
+            and their memory from NVML (libnvidia-ml.so.1, or the library the environment's
+            DISPATCHD_NVML_LIBRARY names, loaded at run time): Hello reports each GPU's name,
+            UUID and memory, each heartbeat its memory in use and the part this process and its
+            children hold. Without the library, a driver or a GPU: none, and one log line.
         memory_probe: returns a MemoryReport for each heartbeat (default: host RAM from
-            /proc/meminfo, no GPU use).
+            /proc/meminfo, GPU use from NVML); its gpu_used_bytes replace NVML's, per GPU.
         security: a dispatchd.Security (TLS and the bearer token); default none. Its files are
             read here: ValueError naming the flag if one cannot be read.
         Timings are in seconds."""
         super().__init__(server, worker_id=worker_id, types=types, handler=handler, slots=slots,
                          max_concurrent=max_concurrent, labels=labels,
                          models_resident=models_resident, gpus=gpus, memory_probe=memory_probe,
-                         reconnect_min=reconnect_min, reconnect_max=reconnect_max,
+                         nvml=nvml, reconnect_min=reconnect_min, reconnect_max=reconnect_max,
                          welcome_timeout=welcome_timeout,
                          default_heartbeat_interval=default_heartbeat_interval,
                          drain_result_timeout=drain_result_timeout,
@@ -606,5 +611,6 @@ class Worker(WorkerBase):
                 if not gone:
                     session.cancel()
                 return
+            heartbeat.gpus.extend(self._gpu_source.gpus(pb))
             fill_memory(heartbeat, self._memory_probe, self.worker_id)
             session.write(pb.WorkerMessage(heartbeat=heartbeat))

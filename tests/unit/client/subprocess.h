@@ -50,6 +50,7 @@ class Subprocess {
   }
 
   bool started() const { return pid_ > 0; }
+  pid_t pid() const { return pid_; }
   void Signal(int sig) const { kill(pid_, sig); }
 
   // The exit code (128+N if killed by signal N), or nullopt if it still runs after `timeout`.

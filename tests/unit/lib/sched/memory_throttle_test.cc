@@ -46,6 +46,24 @@ TEST(MemoryThrottleTest, AnyGpuOverItsThresholdThrottles) {
   EXPECT_FALSE(NextThrottleState(true, Gpu(74), kLimits, nullptr));
 }
 
+TEST(MemoryThrottleTest, GpuMemoryTheWorkerHoldsItselfDoesNotThrottle) {
+  // A server that preallocates 90% of the GPU for itself, as vLLM does.
+  MemoryUse own = {
+      .gpus = {{.used_bytes = 92 * kGiB, .total_bytes = 100 * kGiB, .worker_bytes = 90 * kGiB}}};
+  EXPECT_FALSE(NextThrottleState(false, own, kLimits, nullptr));
+  // A throttled worker is released once only its own memory is left.
+  EXPECT_FALSE(NextThrottleState(true, own, kLimits, nullptr));
+  // Another process's 85% throttles it, its own share aside.
+  MemoryUse others = {
+      .gpus = {{.used_bytes = 95 * kGiB, .total_bytes = 100 * kGiB, .worker_bytes = 10 * kGiB}}};
+  std::string why;
+  EXPECT_TRUE(NextThrottleState(false, others, kLimits, &why));
+  EXPECT_THAT(why, HasSubstr("GPU memory at 85.0%"));
+  // Without the worker's share, all the memory in use counts.
+  MemoryUse unknown = {.gpus = {{.used_bytes = 92 * kGiB, .total_bytes = 100 * kGiB}}};
+  EXPECT_TRUE(NextThrottleState(false, unknown, kLimits, nullptr));
+}
+
 TEST(MemoryThrottleTest, NothingReportedNeverThrottles) {
   EXPECT_FALSE(NextThrottleState(false, MemoryUse{}, kLimits, nullptr));
   EXPECT_FALSE(NextThrottleState(true, MemoryUse{}, kLimits, nullptr));
