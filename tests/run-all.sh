@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sets up and runs the whole dispatchd test suite on a Debian 12 machine:
 #   1. install the build and test dependencies (deploy/install-deps.sh, and the npm packages of
-#      tests/thirdparty/grpcjs with `npm ci`; skipped with --no-install),
+#      tests/thirdparty/grpcjs and tests/browser with `npm ci`; skipped with --no-install),
 #   2. build everything with warnings as errors (deploy/build.sh -DDISPATCHD_WERROR=ON),
 #   3. run ctest: unit tests, then the store and e2e tests against a private PostgreSQL server that
 #      ctest's `pg` fixture starts and stops by itself, and the chaos tests (`-L chaos`), each of
@@ -58,6 +58,8 @@ if ((install)); then
   phase install bash deploy/install-deps.sh
   # The grpc-js client of tests/thirdparty, at the versions its lock file pins.
   phase npm timeout 600 npm ci --prefix tests/thirdparty/grpcjs --no-audit --no-fund
+  # puppeteer-core for the console's browser test (tests/browser), also pinned by its lock file.
+  phase npm timeout 600 npm ci --prefix tests/browser --no-audit --no-fund
 else
   echo "run-all: --no-install: not checking packages"
 fi
