@@ -299,7 +299,7 @@ void Mount(httplib::Server& http, const std::shared_ptr<grpc::Channel>& channel)
     ReplyCall(res, admin->ListWorkers(ContextFor(req).get(), v1::ListWorkersRequest(), &resp),
               resp);
   });
-  http.Post(R"(/api/v1/workers/([^/]+)/drain)",
+  http.Post(R"(/api/v1/workers/(.+)/drain)",
             [admin](const httplib::Request& req, httplib::Response& res) {
               v1::DrainWorkerRequest request;
               request.set_worker_id(req.matches[1].str());

@@ -9,7 +9,7 @@
 //     --ctl-token-file alice.token --chromium /usr/bin/chromium --out DIR
 'use strict';
 
-const { execFileSync } = require('node:child_process');
+const { execFileSync, spawnSync } = require('node:child_process');
 const fs = require('node:fs');
 const path = require('node:path');
 const puppeteer = require('puppeteer-core');
@@ -116,8 +116,12 @@ async function main() {
     await page.click(`button.cancel[data-job-id="${held}"]`);
     await waitUntil('the held job CANCELLED on the page',
       async () => (await statesOf(page, [held]))[held] === 'CANCELLED', 15000);
-    const after = ctl('status', held);
-    if (!/CANCELLED/.test(after)) throw new Error(`dispatchctl status ${held}: ${after}`);
+    // dispatchctl status exits non-zero for a job that did not succeed: read what it printed.
+    const status = spawnSync(opt.dispatchctl, ['--server', opt.server, '--token-file',
+      opt['ctl-token-file'], 'status', held], { encoding: 'utf8', timeout: 30000 });
+    if (!/CANCELLED/.test(status.stdout)) {
+      throw new Error(`dispatchctl status ${held}: ${status.stdout}${status.stderr}`);
+    }
     log('cancelled', held);
 
     // A job's page and its timeline.
@@ -134,7 +138,8 @@ async function main() {
 
     // Workers and queues, as the admin sees them.
     await page.click('#nav-workers');
-    await page.waitForSelector('tr[data-worker-id="w1"]', { timeout: 15000 });
+    // An authenticated worker's id is qualified by its principal.
+    await page.waitForSelector('tr[data-worker-id="gpu/w1"]', { timeout: 15000 });
     await page.screenshot({ path: path.join(opt.out, 'console-workers.png'), fullPage: true });
     await page.click('#nav-queues');
     await page.waitForSelector('tr[data-type="echo"]', { timeout: 15000 });

@@ -145,7 +145,8 @@ TEST_F(ConsoleApiTest, QueuesSayWhyTheFirstJobWaitsAndWorkersShowTheirSlots) {
       absl::Seconds(30)));
   Answer workers = Call("GET", "/api/v1/workers", "ops");
   const auto& w = workers.Get("workers").list_value().values(0).struct_value().fields();
-  EXPECT_EQ(w.at("worker_id").string_value(), "w1");
+  // An authenticated worker's id is qualified by its principal.
+  EXPECT_EQ(w.at("worker_id").string_value(), "gpu/w1");
   EXPECT_EQ(w.at("slots").number_value(), 2);
   EXPECT_TRUE(w.contains("vram_in_use_gb") && w.contains("models_resident") &&
               w.contains("model_loads"))
@@ -168,9 +169,9 @@ TEST_F(ConsoleApiTest, QueuesSayWhyTheFirstJobWaitsAndWorkersShowTheirSlots) {
       absl::Seconds(30)))
       << "head_wait_reason of held: " << reason;
 
-  Answer drained = Call("POST", "/api/v1/workers/w1/drain", "ops");
-  EXPECT_EQ(drained.status, 200) << drained.body;
-  EXPECT_TRUE(drained.Get("worker").struct_value().fields().at("draining").bool_value())
+  Answer drained = Call("POST", "/api/v1/workers/gpu%2Fw1/drain", "ops");
+  ASSERT_EQ(drained.status, 200) << drained.body;
+  EXPECT_EQ(drained.Get("worker").struct_value().fields().at("draining").bool_value(), true)
       << drained.body;
   Answer unknown = Call("POST", "/api/v1/workers/nobody/drain", "ops");
   EXPECT_EQ(unknown.status, 404) << unknown.body;
