@@ -257,3 +257,50 @@ TEST_F(ConsoleApiTest, BadSearchParametersAreRefusedNamingTheField) {
 
 }  // namespace
 }  // namespace dispatchd::e2e
+
+namespace dispatchd::e2e {
+namespace {
+
+// With no authentication configured (the loopback quickstart), the console is open as the gRPC
+// API is: no token, and the caller may do what an admin may.
+class ConsoleOpenTest : public E2eTest {
+ protected:
+  static v1::JobSpec Spec(const std::string& type, const std::string& payload) {
+    v1::JobSpec spec;
+    spec.set_type(type);
+    spec.set_payload(payload);
+    return spec;
+  }
+};
+
+TEST_F(ConsoleOpenTest, WithoutAuthenticationNoTokenIsNeeded) {
+  DaemonOptions options;
+  options.types = {{.name = "held"}};
+  std::unique_ptr<Daemon> daemon = StartDaemon(options);
+  ASSERT_NE(daemon, nullptr);
+  absl::StatusOr<std::string> id = daemon->Submit(Spec("held", "x"));
+  ASSERT_TRUE(id.ok()) << id.status();
+  const std::string address = daemon->MetricsAddress();
+  const size_t colon = address.rfind(':');
+  httplib::Client http(address.substr(0, colon), std::stoi(address.substr(colon + 1)));
+  httplib::Result queues = http.Get("/api/v1/queues");
+  ASSERT_TRUE(queues);
+  EXPECT_EQ(queues->status, 200) << queues->body;
+  httplib::Result jobs = http.Get("/api/v1/jobs");
+  ASSERT_TRUE(jobs);
+  EXPECT_THAT(jobs->body, HasSubstr(*id));
+  httplib::Result cancel =
+      http.Post(absl::StrCat("/api/v1/jobs/", *id, "/cancel").c_str(), "", "text/plain");
+  ASSERT_TRUE(cancel);
+  EXPECT_EQ(cancel->status, 200) << cancel->body;
+  absl::StatusOr<v1::Job> after = daemon->Status(*id);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->state(), v1::JOB_STATE_CANCELLED);
+  httplib::Result root = http.Get("/");
+  ASSERT_TRUE(root);
+  EXPECT_EQ(root->status, 302);
+  EXPECT_EQ(root->get_header_value("Location"), "/console/");
+}
+
+}  // namespace
+}  // namespace dispatchd::e2e
