@@ -33,6 +33,9 @@ PACKAGES=(
   # npm packages are pinned in each one's package-lock.json and installed with `npm ci`). npm: see
   # below.
   nodejs
+  # Headless Chromium for the web console's browser test (tests/browser, driven by puppeteer-core
+  # from tests/browser/package-lock.json)
+  chromium
   # Fuzzing (tests/fuzz): clang, its sanitizer and libFuzzer runtimes (libclang-rt-14-dev is only
   # a recommendation of clang-14), and llvm-symbolizer for the stacks of sanitizer reports
   clang-14 libclang-rt-14-dev libfuzzer-14-dev llvm-14

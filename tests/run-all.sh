@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sets up and runs the whole dispatchd test suite on a Debian 12 machine:
 #   1. install the build and test dependencies (deploy/install-deps.sh, the npm packages of
-#      tests/thirdparty/grpcjs and client/node with `npm ci`, and promtool with
+#      tests/thirdparty/grpcjs, client/node and tests/browser with `npm ci`, and promtool with
 #      deploy/monitoring/fetch-promtool.sh; skipped with --no-install),
 #   2. build everything with warnings as errors (deploy/build.sh -DDISPATCHD_WERROR=ON),
 #   3. run ctest: unit tests, then the store and e2e tests against a private PostgreSQL server that
@@ -63,6 +63,8 @@ if ((install)); then
   phase npm-node timeout 600 npm ci --prefix client/node --no-audit --no-fund
   # promtool, for the alert rules of deploy/monitoring (not the Prometheus server).
   phase promtool timeout 300 bash deploy/monitoring/fetch-promtool.sh
+  # puppeteer-core for the console's browser test (tests/browser), also pinned by its lock file.
+  phase npm-browser timeout 600 npm ci --prefix tests/browser --no-audit --no-fund
 else
   echo "run-all: --no-install: not checking packages"
 fi

@@ -17,6 +17,7 @@ Api ApiOf(Method method) {
     case Method::kStatus:
     case Method::kCancel:
     case Method::kWatch:
+    case Method::kListJobs:
       return Api::kJob;
     case Method::kConnect:
       return Api::kWorker;
@@ -73,6 +74,8 @@ absl::string_view ToString(Method method) {
       return "dispatchd.v1.JobService/Cancel";
     case Method::kWatch:
       return "dispatchd.v1.JobService/Watch";
+    case Method::kListJobs:
+      return "dispatchd.v1.JobService/ListJobs";
     case Method::kConnect:
       return "dispatchd.v1.WorkerService/Connect";
     case Method::kStats:

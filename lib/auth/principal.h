@@ -49,6 +49,7 @@ enum class Method {
   kStatus,
   kCancel,
   kWatch,
+  kListJobs,
   kConnect,
   kStats,
   kListWorkers,

@@ -91,6 +91,16 @@ v1::JobState ToProto(job::JobState state) {
   return v1::JOB_STATE_UNSPECIFIED;
 }
 
+std::optional<job::JobState> FromProto(v1::JobState state) {
+  for (job::JobState s :
+       {job::JobState::kQueued, job::JobState::kDispatched, job::JobState::kRunning,
+        job::JobState::kSucceeded, job::JobState::kFailed, job::JobState::kCancelled,
+        job::JobState::kExpired}) {
+    if (ToProto(s) == state) return s;
+  }
+  return std::nullopt;
+}
+
 void ToProto(const job::Job& job, v1::Job* out) {
   out->set_id(job.id);
   ToProto(job.spec, out->mutable_spec());

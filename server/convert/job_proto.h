@@ -1,5 +1,7 @@
 #pragma once
 
+#include <optional>
+
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "google/protobuf/duration.pb.h"
@@ -17,6 +19,8 @@ absl::StatusOr<job::JobSpec> FromProto(const v1::JobSpec& spec);
 void ToProto(const job::JobSpec& spec, v1::JobSpec* out);
 void ToProto(const job::Job& job, v1::Job* out);
 v1::JobState ToProto(job::JobState state);
+// nullopt for JOB_STATE_UNSPECIFIED and for values this build does not know.
+std::optional<job::JobState> FromProto(v1::JobState state);
 
 // absl <-> google.protobuf well-known types. InfinitePast timestamps are left unset.
 void ToProto(absl::Time t, google::protobuf::Timestamp* out);

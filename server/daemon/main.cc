@@ -30,6 +30,7 @@
 #include "lib/util/clock.h"
 #include "server/auth/grpc_auth.h"
 #include "server/config/yaml_config.h"
+#include "server/console/console.h"
 #include "server/dispatch/dispatcher.h"
 #include "server/dispatch/job_events.h"
 #include "server/embedded/embedded_postgres.h"
@@ -441,8 +442,14 @@ int Run(int argc, char** argv) {
   std::unique_ptr<metrics::HttpServer> metrics_server;
   if (!config.metrics.listen.empty()) {
     AddMetricsCollectors(live, leadership);
-    absl::StatusOr<std::unique_ptr<metrics::HttpServer>> started =
-        metrics::HttpServer::Start(config.metrics.listen, metrics::Metrics().registry);
+    // The web console shares the port: its API calls this daemon's gRPC services in process,
+    // with the caller's bearer token, so the gate and the roles are the gRPC API's.
+    grpc::ChannelArguments console_args;
+    console_args.SetMaxReceiveMessageSize(-1);  // a job's result, up to the daemon's own limit
+    std::shared_ptr<grpc::Channel> console_channel = server->InProcessChannel(console_args);
+    absl::StatusOr<std::unique_ptr<metrics::HttpServer>> started = metrics::HttpServer::Start(
+        config.metrics.listen, metrics::Metrics().registry,
+        [&console_channel](httplib::Server& http) { console::Mount(http, console_channel); });
     if (!started.ok()) {
       log->error("{}", started.status().message());
       leadership.Stop();
@@ -451,6 +458,9 @@ int Run(int argc, char** argv) {
     }
     metrics_server = *std::move(started);
     log->info("metrics: serving http://{}/metrics", metrics_server->address());
+    log->info("console: serving http://{}/console/ auth={}{}", metrics_server->address(),
+              gate.enabled() ? "on" : "off",
+              gate.enabled() ? " (plain HTTP: bearer tokens cross it in clear)" : "");
   }
   if (!ready_file.empty() && !WriteFileAtomically(ready_file, address + "\n")) {
     log->error("--ready-file: cannot write {}", ready_file);

@@ -9,7 +9,8 @@
 namespace dispatchd::metrics {
 
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const std::string& listen,
-                                                              Registry& registry) {
+                                                              Registry& registry,
+                                                              const Routes& routes) {
   const size_t colon = listen.rfind(':');
   int port = -1;
   if (colon == std::string::npos || colon == 0 ||
@@ -26,6 +27,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const std::string&
   s->server_->Get("/metrics", [&registry](const httplib::Request&, httplib::Response& res) {
     res.set_content(registry.Render(), "text/plain; version=0.0.4; charset=utf-8");
   });
+  if (routes) routes(*s->server_);
   if (port == 0) {
     port = s->server_->bind_to_any_port(host);
     if (port < 0) port = 0;

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -15,15 +16,19 @@ class Server;
 namespace dispatchd::metrics {
 
 // Serves `registry` over HTTP for Prometheus: GET /metrics (text exposition 0.0.4) on its own
-// thread; every other path is 404.
+// thread, and whatever `routes` adds (the web console); every other path is 404.
 //
 //   absl::StatusOr<std::unique_ptr<HttpServer>> s = HttpServer::Start("127.0.0.1:9464", registry);
 //   (*s)->address();  // "127.0.0.1:9464"; with port 0, the port the system chose
 class HttpServer {
  public:
+  // Adds handlers to the server before it listens; they run on its worker threads.
+  using Routes = std::function<void(httplib::Server&)>;
+
   // InvalidArgument for a malformed host:port, Unavailable if it cannot be bound.
   static absl::StatusOr<std::unique_ptr<HttpServer>> Start(const std::string& listen,
-                                                           Registry& registry);
+                                                           Registry& registry,
+                                                           const Routes& routes = nullptr);
   // Stop().
   ~HttpServer();
   HttpServer(const HttpServer&) = delete;

@@ -65,6 +65,31 @@ absl::StatusOr<job::Job> GetAs(store::JobStore& store, const auth::Principal& ca
   return job;
 }
 
+// The store search a ListJobs request asks for, limited to the jobs `caller` may see; or
+// INVALID_ARGUMENT naming the field.
+absl::StatusOr<store::JobSearch> SearchOf(const v1::ListJobsRequest& req,
+                                          const auth::Principal& caller) {
+  store::JobSearch search;
+  if (req.state() != v1::JOB_STATE_UNSPECIFIED) {
+    search.state = convert::FromProto(req.state());
+    if (!search.state.has_value()) {
+      return absl::InvalidArgumentError(absl::StrCat("state: unknown state ", req.state()));
+    }
+  }
+  search.type = req.type();
+  search.fairness_key = req.fairness_key();
+  if (req.has_created_after()) search.created_after = convert::FromProto(req.created_after());
+  if (req.has_created_before()) search.created_before = convert::FromProto(req.created_before());
+  if (req.limit() < 0 || req.limit() > JobServiceImpl::kMaxListedJobs) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "limit: must be in [0, ", JobServiceImpl::kMaxListedJobs, "], got ", req.limit()));
+  }
+  search.limit = req.limit() == 0 ? JobServiceImpl::kDefaultListedJobs : req.limit();
+  // A caller that is not an admin sees its own jobs only, as Status does (auth::MaySee).
+  if (caller.role != auth::Role::kAdmin) search.owner = caller.name;
+  return search;
+}
+
 std::string RetryAfterMillis(absl::Duration retry_after) {
   const int64_t ms = absl::ToInt64Milliseconds(absl::Ceil(retry_after, absl::Milliseconds(1)));
   return absl::StrCat(std::max<int64_t>(0, ms));
@@ -355,6 +380,25 @@ void JobServiceImpl::CancelAs(const auth::Principal& caller,
     status = outcome.status();
   }
   call->Reply(status);
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::ListJobs(grpc::CallbackServerContext* ctx,
+                                                   const grpc::ByteBuffer* request,
+                                                   grpc::ByteBuffer* response) {
+  using Call = UnaryCall<v1::ListJobsRequest, v1::ListJobsResponse>;
+  return ServeUnary<v1::ListJobsRequest, v1::ListJobsResponse>(request, response, [&](Call* call) {
+    absl::StatusOr<auth::Principal> caller = gate_.Authorize(*ctx, auth::Method::kListJobs);
+    if (!caller.ok()) return call->Reply(caller.status());
+    absl::StatusOr<store::JobSearch> search = SearchOf(call->request(), *caller);
+    if (!search.ok()) return call->Reply(search.status());
+    executor_.Schedule([this, call, search = *std::move(search)] {
+      absl::StatusOr<std::vector<job::Job>> jobs = store_.SearchJobs(search);
+      if (jobs.ok()) {
+        for (const job::Job& job : *jobs) convert::ToProto(job, call->response().add_jobs());
+      }
+      call->Reply(jobs.status());
+    });
+  });
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* JobServiceImpl::Watch(grpc::CallbackServerContext* ctx,

@@ -37,7 +37,8 @@ namespace dispatchd::rpc {
 using RawJobService = v1::JobService::WithRawCallbackMethod_Submit<
     v1::JobService::WithRawCallbackMethod_SubmitBatch<v1::JobService::WithRawCallbackMethod_RunSync<
         v1::JobService::WithRawCallbackMethod_Status<v1::JobService::WithRawCallbackMethod_Cancel<
-            v1::JobService::WithRawCallbackMethod_Watch<v1::JobService::Service>>>>>>;
+            v1::JobService::WithRawCallbackMethod_Watch<
+                v1::JobService::WithRawCallbackMethod_ListJobs<v1::JobService::Service>>>>>>>;
 
 class JobServiceImpl final : public RawJobService {
  public:
@@ -72,6 +73,13 @@ class JobServiceImpl final : public RawJobService {
                                    grpc::ByteBuffer* response) override;
   grpc::ServerWriteReactor<grpc::ByteBuffer>* Watch(grpc::CallbackServerContext* ctx,
                                                     const grpc::ByteBuffer* request) override;
+  grpc::ServerUnaryReactor* ListJobs(grpc::CallbackServerContext* ctx,
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
+
+  // Jobs a ListJobs search returns at most, and when it names no limit.
+  static constexpr int kMaxListedJobs = 1000;
+  static constexpr int kDefaultListedJobs = 100;
 
   // The shared first half of Submit, SubmitBatch and RunSync, in two steps.
   //

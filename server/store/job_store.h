@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -130,6 +131,18 @@ struct JobRef {
   absl::Time updated_at = absl::InfinitePast();  // last transition, by the database's clock
 };
 
+// What SearchJobs looks for; each field left at its default matches every job.
+struct JobSearch {
+  std::optional<job::JobState> state;
+  std::string type;
+  std::string fairness_key;
+  // Only jobs this principal submitted; nullopt: every owner.
+  std::optional<std::string> owner;
+  absl::Time created_after = absl::InfinitePast();     // created_at >= this
+  absl::Time created_before = absl::InfiniteFuture();  // created_at < this
+  int64_t limit = 100;
+};
+
 // Outcome of Cancel.
 struct CancelOutcome {
   job::Job job;                                     // after the cancellation
@@ -193,6 +206,11 @@ class JobStore {
   // The jobs with these ids that exist, in no particular order; one round trip.
   virtual absl::StatusOr<std::vector<job::Job>> GetMany(
       const std::vector<std::string>& job_ids) = 0;
+
+  // Jobs that match `search`, active and ended alike, newest first (by created_at, then seq), at
+  // most `search.limit`; without payloads or results. Reads every retained row of the tables it
+  // searches: for people and tools, not for hot paths.
+  virtual absl::StatusOr<std::vector<job::Job>> SearchJobs(const JobSearch& search) = 0;
 
   // Every job in QUEUED, DISPATCHED or RUNNING, oldest first.
   virtual absl::StatusOr<std::vector<job::Job>> LoadActive() = 0;

@@ -269,6 +269,24 @@ absl::StatusOr<std::vector<job::Job>> PgJobStore::GetMany(const std::vector<std:
       });
 }
 
+absl::StatusOr<std::vector<job::Job>> PgJobStore::SearchJobs(const JobSearch& search) {
+  const std::string state =
+      search.state.has_value() ? std::string(job::ToString(*search.state)) : std::string();
+  const std::optional<int64_t> after =
+      search.created_after == absl::InfinitePast()
+          ? std::nullopt
+          : std::optional(absl::ToUnixMicros(search.created_after));
+  const std::optional<int64_t> before =
+      search.created_before == absl::InfiniteFuture()
+          ? std::nullopt
+          : std::optional(absl::ToUnixMicros(search.created_before));
+  return WithConnection(
+      *pool_, "search jobs", [&](pqxx::connection& conn) -> absl::StatusOr<std::vector<job::Job>> {
+        return RowsToJobs(ExecScan(conn, kSearchJobs, state, search.type, search.fairness_key,
+                                   search.owner, after, before, search.limit));
+      });
+}
+
 absl::StatusOr<std::vector<job::Job>> PgJobStore::LoadActive() {
   return WithConnection(*pool_, "load active jobs",
                         [&](pqxx::connection& conn) -> absl::StatusOr<std::vector<job::Job>> {

@@ -81,6 +81,7 @@ class PgJobStore final : public JobStore {
                                                         bool notify_leader) override;
   absl::StatusOr<job::Job> Get(const std::string& job_id) override;
   absl::StatusOr<std::vector<job::Job>> GetMany(const std::vector<std::string>& job_ids) override;
+  absl::StatusOr<std::vector<job::Job>> SearchJobs(const JobSearch& search) override;
   absl::StatusOr<std::vector<job::Job>> LoadActive() override;
   absl::StatusOr<std::vector<job::Job>> LoadPlaced() override;
   absl::StatusOr<QueuedHeads> LoadQueuedHeads(int64_t per_queue) override;

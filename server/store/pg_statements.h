@@ -42,20 +42,24 @@ struct Statement {
 
 // Columns of a job, in the order RowToJob reads them (see enum Col), with `payload` the
 // expression read as the payload.
-#define DISPATCHD_PG_JOB_COLUMNS_WITH(payload)                                \
+#define DISPATCHD_PG_JOB_COLUMNS_OF(payload, result)                          \
   "id, type, " payload                                                        \
   ", resource_id, fairness_key, "                                             \
   "idempotency_key, max_attempts, timeout_ms, "                               \
   "(extract(epoch FROM dispatch_deadline_at - created_at) * 1000000)::int8, " \
   "(extract(epoch FROM not_before) * 1000000)::int8, "                        \
   "ARRAY(SELECT ARRAY[key, value] FROM jsonb_each_text(labels)), "            \
-  "state, attempt, worker_id, result, error, "                                \
+  "state, attempt, worker_id, " result                                        \
+  ", error, "                                                                 \
   "(extract(epoch FROM created_at) * 1000000)::int8, "                        \
   "(extract(epoch FROM dispatched_at) * 1000000)::int8, "                     \
   "(extract(epoch FROM started_at) * 1000000)::int8, "                        \
   "(extract(epoch FROM finished_at) * 1000000)::int8, "                       \
   "(extract(epoch FROM updated_at) * 1000000)::int8, owner, seq"
+#define DISPATCHD_PG_JOB_COLUMNS_WITH(payload) DISPATCHD_PG_JOB_COLUMNS_OF(payload, "result")
 #define DISPATCHD_PG_JOB_COLUMNS DISPATCHD_PG_JOB_COLUMNS_WITH("payload")
+// A search lists jobs: neither payloads nor results leave the database.
+#define DISPATCHD_PG_JOB_COLUMNS_LISTED DISPATCHD_PG_JOB_COLUMNS_OF("''::bytea", "NULL::bytea")
 // The dispatcher's loads leave payloads in the database: a claim returns them.
 #define DISPATCHD_PG_JOB_COLUMNS_NO_PAYLOAD DISPATCHD_PG_JOB_COLUMNS_WITH("''::bytea")
 
@@ -205,6 +209,24 @@ inline constexpr Statement kGetJobs{"get_jobs", "SELECT " DISPATCHD_PG_JOB_COLUM
                                                 " FROM jobs_active WHERE id = ANY($1::text[]) "
                                                 "UNION ALL SELECT " DISPATCHD_PG_JOB_COLUMNS
                                                 " FROM jobs_done WHERE id = ANY($1::text[])"};
+
+// Jobs of both tables that match: $1 state, $2 type, $3 fairness key (each '' for any), $4 owner
+// (NULL for any), $5 and $6 the created_at bounds [from, to) in us (NULL: none), $7 the limit.
+// Newest first. No index serves it (a search is for people and tools): a scan of each table.
+#define DISPATCHD_PG_SEARCH_WHERE                                                                \
+  " WHERE ($1 = '' OR state = $1) AND ($2 = '' OR type = $2) AND ($3 = '' OR fairness_key = $3)" \
+  " AND ($4::text IS NULL OR owner = $4)"                                                        \
+  " AND ($5::int8 IS NULL OR created_at >= timestamptz 'epoch' + $5::int8 * interval '1 us')"    \
+  " AND ($6::int8 IS NULL OR created_at < timestamptz 'epoch' + $6::int8 * interval '1 us')"
+inline constexpr Statement kSearchJobs{
+    "search_jobs",
+    "SELECT * FROM (SELECT " DISPATCHD_PG_JOB_COLUMNS_LISTED
+    ", created_at AS sort_at FROM jobs_active" DISPATCHD_PG_SEARCH_WHERE
+    " UNION ALL SELECT " DISPATCHD_PG_JOB_COLUMNS_LISTED
+    ", created_at AS sort_at FROM jobs_done" DISPATCHD_PG_SEARCH_WHERE
+    ") found ORDER BY sort_at DESC, seq DESC LIMIT $7",
+    Access::kScan};
+#undef DISPATCHD_PG_SEARCH_WHERE
 
 inline constexpr Statement kLoadActive{
     "load_active",
@@ -499,6 +521,8 @@ inline constexpr Statement kLoadAccounts{"load_accounts",
 #undef DISPATCHD_PG_JOB_COLUMNS
 #undef DISPATCHD_PG_JOB_COLUMNS_NO_PAYLOAD
 #undef DISPATCHD_PG_JOB_COLUMNS_WITH
+#undef DISPATCHD_PG_JOB_COLUMNS_LISTED
+#undef DISPATCHD_PG_JOB_COLUMNS_OF
 #undef DISPATCHD_PG_ACTIVE_STATES
 #undef DISPATCHD_PG_FENCE
 #undef DISPATCHD_PG_STATE_IS
@@ -511,6 +535,7 @@ inline constexpr Statement kAllStatements[] = {
     kUndoInserts,
     kGetJob,
     kGetJobs,
+    kSearchJobs,
     kLoadActive,
     kLoadPlaced,
     kLoadQueuedHeads,

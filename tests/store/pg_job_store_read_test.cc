@@ -148,6 +148,43 @@ TEST_F(PgJobStoreTest, CountsByTypeAndState) {
   EXPECT_THAT(store_->CountActive(), IsOkAndHolds(2));
 }
 
+TEST_F(PgJobStoreTest, SearchFindsActiveAndEndedJobsNewestFirstWithoutPayloads) {
+  job::Job a = MakeJob("j_1", "embed");
+  a.owner = "alice";
+  a.spec.fairness_key = "alice";
+  job::Job b = MakeJob("j_2", "chat");
+  b.owner = "bob";
+  b.spec.fairness_key = "bob";
+  job::Job c = MakeJob("j_3", "embed");
+  c.owner = "bob";
+  c.spec.fairness_key = "carol";
+  Insert(a);
+  Insert(b);
+  Insert(c);
+  ASSERT_THAT(store_->Cancel("j_2", "x"), IsOk());  // ended: now in jobs_done
+  auto ids = [&](const JobSearch& search) {
+    std::vector<std::string> out;
+    absl::StatusOr<std::vector<job::Job>> jobs = store_->SearchJobs(search);
+    EXPECT_THAT(jobs, IsOk());
+    if (!jobs.ok()) return out;
+    for (const job::Job& j : *jobs) {
+      EXPECT_TRUE(j.spec.payload.empty() && j.result.empty()) << j.id;
+      out.push_back(j.id);
+    }
+    return out;
+  };
+  EXPECT_THAT(ids({}), ElementsAre("j_3", "j_2", "j_1"));
+  EXPECT_THAT(ids({.limit = 2}), ElementsAre("j_3", "j_2"));
+  EXPECT_THAT(ids({.state = job::JobState::kCancelled}), ElementsAre("j_2"));
+  EXPECT_THAT(ids({.type = "embed"}), ElementsAre("j_3", "j_1"));
+  EXPECT_THAT(ids({.fairness_key = "carol"}), ElementsAre("j_3"));
+  EXPECT_THAT(ids({.owner = std::string("bob")}), ElementsAre("j_3", "j_2"));
+  EXPECT_THAT(ids({.owner = std::string("")}), ::testing::IsEmpty());
+  const absl::Time created = Get("j_2").created_at;
+  EXPECT_THAT(ids({.created_after = created}), ElementsAre("j_3", "j_2"));
+  EXPECT_THAT(ids({.created_before = created}), ElementsAre("j_1"));
+}
+
 TEST_F(PgJobStoreTest, ConnectAgainOnAMigratedDatabaseSucceeds) {
   Insert(MakeJob("j_kept"));
   absl::StatusOr<std::unique_ptr<PgJobStore>> second = Connect();

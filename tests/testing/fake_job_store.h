@@ -47,6 +47,7 @@ class FakeJobStore final : public store::JobStore {
                                                                bool notify_leader) override;
   absl::StatusOr<job::Job> Get(const std::string& job_id) override;
   absl::StatusOr<std::vector<job::Job>> GetMany(const std::vector<std::string>& job_ids) override;
+  absl::StatusOr<std::vector<job::Job>> SearchJobs(const store::JobSearch& search) override;
   absl::StatusOr<std::vector<job::Job>> LoadActive() override;
   absl::StatusOr<std::vector<job::Job>> LoadPlaced() override;
   absl::StatusOr<store::QueuedHeads> LoadQueuedHeads(int64_t per_queue) override;

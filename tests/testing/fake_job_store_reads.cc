@@ -92,6 +92,31 @@ absl::StatusOr<std::vector<job::Job>> FakeJobStore::GetMany(
   return out;
 }
 
+absl::StatusOr<std::vector<job::Job>> FakeJobStore::SearchJobs(const store::JobSearch& search) {
+  absl::MutexLock l(&mu_);
+  if (absl::Status s = BeginCall(__func__); !s.ok()) return s;
+  std::vector<const job::Job*> rows = BySeq(false);
+  std::stable_sort(rows.begin(), rows.end(), [](const job::Job* a, const job::Job* b) {
+    return a->created_at != b->created_at ? a->created_at > b->created_at : a->seq > b->seq;
+  });
+  std::vector<job::Job> out;
+  for (const job::Job* job : rows) {
+    if (static_cast<int64_t>(out.size()) >= search.limit) break;
+    if ((search.state.has_value() && job->state != *search.state) ||
+        (!search.type.empty() && job->spec.type != search.type) ||
+        (!search.fairness_key.empty() && job->spec.fairness_key != search.fairness_key) ||
+        (search.owner.has_value() && job->owner != *search.owner) ||
+        job->created_at < search.created_after || job->created_at >= search.created_before) {
+      continue;
+    }
+    job::Job listed = *job;
+    listed.spec.payload.clear();
+    listed.result.clear();
+    out.push_back(std::move(listed));
+  }
+  return out;
+}
+
 absl::StatusOr<std::vector<job::Job>> FakeJobStore::LoadActive() {
   absl::MutexLock l(&mu_);
   if (absl::Status s = BeginCall(__func__); !s.ok()) return s;

@@ -35,7 +35,7 @@ TEST(AuthorizeTest, EachRoleReachesItsServicesOnly) {
   const Principal worker = Named("gpu", Role::kWorker);
   const Principal admin = Named("ops", Role::kAdmin);
   for (Method m : {Method::kSubmit, Method::kSubmitBatch, Method::kRunSync, Method::kStatus,
-                   Method::kCancel, Method::kWatch}) {
+                   Method::kCancel, Method::kWatch, Method::kListJobs}) {
     EXPECT_TRUE(Authorize(client, m).ok()) << ToString(m);
     EXPECT_TRUE(Authorize(gateway, m).ok()) << ToString(m);
     EXPECT_TRUE(Authorize(admin, m).ok()) << ToString(m);
