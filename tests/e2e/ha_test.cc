@@ -70,6 +70,34 @@ class HaTest : public E2eTest {
     return h;
   }
 
+  // A leader (stop_grace `grace`) and a standby, leases of 10 s, and worker w1 pointed at both,
+  // running one job of `run` that was submitted to the leader.
+  struct LongJob {
+    std::unique_ptr<Daemon> a, b;
+    std::unique_ptr<Worker> w;
+    std::string id;
+  };
+  void StartLongJob(const std::string& grace, const std::string& run, LongJob* job) {
+    job->a = StartHaDaemon(dir_a_, "10s", grace);
+    ASSERT_NE(job->a, nullptr);
+    job->b = StartHaDaemon(dir_b_, "10s");
+    ASSERT_NE(job->b, nullptr);
+    Daemon& a = *job->a;
+    job->w = StartWorkerAt(absl::StrCat(a.address(), ",", job->b->address()),
+                           {.id = "w1", .mode = {"--simulate", absl::StrCat("100%:", run)}});
+    ASSERT_NE(job->w, nullptr);
+    ASSERT_TRUE(a.WaitForWorkers(1));
+    absl::StatusOr<std::string> id = a.Submit(Spec("echo", absl::StrCat("runs ", run)));
+    ASSERT_TRUE(id.ok()) << id.status();
+    job->id = *id;
+    ASSERT_TRUE(WaitFor(
+        [&] {
+          absl::StatusOr<v1::Job> j = a.Status(job->id);
+          return j.ok() && j->state() == v1::JOB_STATE_RUNNING;
+        },
+        absl::Seconds(10)));
+  }
+
   // Each job of `ids` started exactly once in the journal at `path`.
   static void ExpectEachStartedOnce(const std::string& path, const std::string& worker,
                                     const std::vector<std::string>& ids) {
@@ -365,22 +393,12 @@ TEST_F(HaTest, SigtermUnderLoadHandsTheLeaseOverAndLosesNothing) {
 // A stopping leader refuses new jobs UNAVAILABLE and waits for the job its worker runs, which
 // therefore ends at its first attempt and is recorded before the leader exits.
 TEST_F(HaTest, AStoppingLeaderRefusesNewJobsAndWaitsForTheJobItsWorkerRuns) {
-  auto a = StartHaDaemon(dir_a_, "10s", "20s");
-  ASSERT_NE(a, nullptr);
-  auto b = StartHaDaemon(dir_b_, "10s");
-  ASSERT_NE(b, nullptr);
-  std::unique_ptr<Worker> w = StartWorkerAt(absl::StrCat(a->address(), ",", b->address()),
-                                            {.id = "w1", .mode = {"--simulate", "100%:3s"}});
-  ASSERT_NE(w, nullptr);
-  ASSERT_TRUE(a->WaitForWorkers(1));
-  absl::StatusOr<std::string> id = a->Submit(Spec("echo", "long"));
-  ASSERT_TRUE(id.ok()) << id.status();
-  ASSERT_TRUE(WaitFor(
-      [&] {
-        absl::StatusOr<v1::Job> j = a->Status(*id);
-        return j.ok() && j->state() == v1::JOB_STATE_RUNNING;
-      },
-      absl::Seconds(10)));
+  LongJob setup;
+  StartLongJob("20s", "3s", &setup);
+  ASSERT_FALSE(HasFatalFailure());
+  Daemon* a = setup.a.get();
+  Daemon* b = setup.b.get();
+  const std::string& id = setup.id;
 
   const absl::Time sigterm = absl::Now();
   a->process().Signal(SIGTERM);
@@ -401,34 +419,24 @@ TEST_F(HaTest, AStoppingLeaderRefusesNewJobsAndWaitsForTheJobItsWorkerRuns) {
   const absl::Time exited = absl::Now();
   EXPECT_LE(exited - sigterm, absl::Seconds(20));
   ASSERT_TRUE(WaitFor([&] { return IsLeader(*b); }, absl::Seconds(5)));
-  absl::StatusOr<v1::Job> job = b->Status(*id);
+  absl::StatusOr<v1::Job> job = b->Status(id);
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->state(), v1::JOB_STATE_SUCCEEDED);
   EXPECT_EQ(job->attempt(), 1) << "it ran once, to its end";
   EXPECT_LE(proto_convert::FromProto(job->finished_at()), exited)
       << "recorded by the leader before it exited";
-  ExpectEachStartedOnce(w->journal_path(), "w1", {*id});
+  ExpectEachStartedOnce(setup.w->journal_path(), "w1", {id});
 }
 
 // A job longer than stop_grace: the leader exits at its grace, the job runs on, and its worker
 // reports it to the standby that took over. It still runs once.
 TEST_F(HaTest, AJobLongerThanStopGraceFinishesUnderTheNextLeader) {
-  auto a = StartHaDaemon(dir_a_, "10s", "1s");
-  ASSERT_NE(a, nullptr);
-  auto b = StartHaDaemon(dir_b_, "10s");
-  ASSERT_NE(b, nullptr);
-  std::unique_ptr<Worker> w = StartWorkerAt(absl::StrCat(a->address(), ",", b->address()),
-                                            {.id = "w1", .mode = {"--simulate", "100%:4s"}});
-  ASSERT_NE(w, nullptr);
-  ASSERT_TRUE(a->WaitForWorkers(1));
-  absl::StatusOr<std::string> id = a->Submit(Spec("echo", "longer than the grace"));
-  ASSERT_TRUE(id.ok()) << id.status();
-  ASSERT_TRUE(WaitFor(
-      [&] {
-        absl::StatusOr<v1::Job> j = a->Status(*id);
-        return j.ok() && j->state() == v1::JOB_STATE_RUNNING;
-      },
-      absl::Seconds(10)));
+  LongJob setup;
+  StartLongJob("1s", "4s", &setup);
+  ASSERT_FALSE(HasFatalFailure());
+  Daemon* a = setup.a.get();
+  Daemon* b = setup.b.get();
+  const std::string& id = setup.id;
   const absl::Time sigterm = absl::Now();
   a->process().Signal(SIGTERM);
   ASSERT_TRUE(WaitFor([&] { return IsLeader(*b); }, absl::Seconds(10)));
@@ -436,7 +444,7 @@ TEST_F(HaTest, AJobLongerThanStopGraceFinishesUnderTheNextLeader) {
   std::printf("ha: a leader with a 4s job and stop_grace 1s handed over %.2fs after SIGTERM\n",
               absl::ToDoubleSeconds(handover));
   EXPECT_GE(handover, absl::Seconds(1)) << "it waited out its grace";
-  absl::StatusOr<v1::Job> left = b->Status(*id);
+  absl::StatusOr<v1::Job> left = b->Status(id);
   ASSERT_TRUE(left.ok()) << left.status();
   EXPECT_EQ(left->state(), v1::JOB_STATE_RUNNING) << "and no longer: the job still runs";
   absl::StatusOr<int> code = a->process().Wait(absl::Seconds(10));
@@ -444,10 +452,10 @@ TEST_F(HaTest, AJobLongerThanStopGraceFinishesUnderTheNextLeader) {
   EXPECT_EQ(*code, 0);
 
   std::vector<v1::Job> done;
-  ASSERT_TRUE(b->WaitForTerminal({*id}, &done, absl::Seconds(30)));
+  ASSERT_TRUE(b->WaitForTerminal({id}, &done, absl::Seconds(30)));
   EXPECT_EQ(done[0].state(), v1::JOB_STATE_SUCCEEDED) << done[0].error();
   EXPECT_EQ(done[0].attempt(), 1) << "re-adopted, not run again";
-  ExpectEachStartedOnce(w->journal_path(), "w1", {*id});
+  ExpectEachStartedOnce(setup.w->journal_path(), "w1", {id});
 }
 
 }  // namespace
