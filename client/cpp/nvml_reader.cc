@@ -21,8 +21,9 @@
 namespace dispatchd::client {
 namespace {
 
-using NvmlReturn = int;                       // nvmlReturn_t
-using NvmlDevice = struct NvmlDeviceOpaque*;  // nvmlDevice_t
+using NvmlReturn = int;  // nvmlReturn_t
+// NVML's device handle: a pointer to a type it never defines.
+using NvmlDevice = struct NvmlDeviceHandle*;
 
 constexpr NvmlReturn kNvmlSuccess = 0;
 constexpr NvmlReturn kNvmlErrorInsufficientSize = 7;
