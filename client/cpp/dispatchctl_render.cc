@@ -134,6 +134,14 @@ void PrintJob(const v1::Job& job) {
     }
   }
   kvs.emplace_back("error", job.error().empty() ? "-" : job.error());
+  for (const v1::JobAttempt& a : job.earlier_attempts()) {
+    kvs.emplace_back(
+        absl::StrCat("attempt ", a.attempt()),
+        absl::StrCat(a.worker_id().empty() ? "-" : a.worker_id(), ", ",
+                     a.has_started_at() ? "started " : "dispatched ",
+                     FormatTimestamp(a.has_started_at() ? a.started_at() : a.dispatched_at()),
+                     ", failed ", FormatTimestamp(a.ended_at()), ": ", a.error()));
+  }
   kvs.emplace_back("result size", absl::StrCat(job.result().size(), " bytes"));
   if (!job.result().empty() && job.result().size() <= 200 && IsPrintable(job.result())) {
     kvs.emplace_back("result", absl::CEscape(job.result()));

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/string_view.h"
@@ -52,6 +53,18 @@ struct JobSpec {
 // microseconds, the timeout in whole milliseconds.
 JobSpec AsStored(JobSpec spec);
 
+// An attempt that ended without ending its job: a worker accepted it (or failed it before its
+// accept was written), then it failed with attempts left, or its worker was lost, and the job
+// went back to the queue.
+struct EndedAttempt {
+  int32_t attempt = 0;  // 1 for the first
+  std::string worker_id;
+  absl::Time dispatched_at = absl::InfinitePast();
+  absl::Time started_at = absl::InfinitePast();  // InfinitePast: it failed before its accept
+  absl::Time ended_at = absl::InfinitePast();
+  std::string error;
+};
+
 // A job as recorded by the store.
 struct Job {
   std::string id;
@@ -72,6 +85,10 @@ struct Job {
   absl::Time started_at = absl::InfinitePast();
   absl::Time finished_at = absl::InfinitePast();
   absl::Time updated_at = absl::InfinitePast();
+  // The attempts before the current or last one, oldest first: `attempt - 1` of them (fewer only
+  // for a job retried before the store kept them). The current or last attempt is the fields
+  // above: worker_id, dispatched_at, started_at, finished_at and error.
+  std::vector<EndedAttempt> earlier_attempts;
 };
 
 }  // namespace dispatchd::job

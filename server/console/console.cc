@@ -1,11 +1,13 @@
 #include "server/console/console.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <iterator>
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -215,6 +217,65 @@ grpc::Status ListRequestOf(const httplib::Request& req, v1::ListJobsRequest* out
   return grpc::Status::OK;
 }
 
+// One line of a job's timeline.
+struct TimelineEvent {
+  const char* event;
+  google::protobuf::Timestamp at;
+  std::string detail;
+};
+
+// A job's life in time order: created, each attempt (dispatched, started, and for an earlier one
+// how it ended), finished.
+std::vector<TimelineEvent> TimelineOf(const v1::Job& job) {
+  std::vector<TimelineEvent> out;
+  out.push_back({"created", job.created_at(), absl::StrCat("queued as type ", job.spec().type())});
+  if (job.spec().has_not_before()) {
+    out.push_back({"not_before", job.spec().not_before(), "held until this time"});
+  }
+  const std::string of = absl::StrCat(" of ", job.max_attempts());
+  for (const v1::JobAttempt& a : job.earlier_attempts()) {
+    const std::string attempt = absl::StrCat("attempt ", a.attempt(), of);
+    if (a.has_dispatched_at()) {
+      out.push_back(
+          {"dispatched", a.dispatched_at(), absl::StrCat(attempt, " to worker ", a.worker_id())});
+    }
+    if (a.has_started_at()) {
+      out.push_back(
+          {"started", a.started_at(), absl::StrCat(attempt, " on worker ", a.worker_id())});
+    }
+    out.push_back({"retried", a.ended_at(),
+                   absl::StrCat(attempt, " failed: ", a.error(), "; back in the queue")});
+  }
+  // The row keeps the times of its latest attempt. Once that attempt ended and the job waits for
+  // the next one, they are the last earlier attempt's, shown above.
+  const bool latest_ended =
+      job.earlier_attempts_size() > 0 &&
+      google::protobuf::util::TimeUtil::TimestampToMicroseconds(
+          job.earlier_attempts(job.earlier_attempts_size() - 1).dispatched_at()) ==
+          google::protobuf::util::TimeUtil::TimestampToMicroseconds(job.dispatched_at());
+  if (job.has_dispatched_at() && !latest_ended) {
+    // Not yet accepted, the attempt it is offered as is the next one.
+    out.push_back({"dispatched", job.dispatched_at(),
+                   absl::StrCat("attempt ", job.attempt() + (job.has_started_at() ? 0 : 1), of,
+                                " to worker ", job.worker_id())});
+    if (job.has_started_at()) {
+      out.push_back({"started", job.started_at(),
+                     absl::StrCat("attempt ", job.attempt(), of, " on worker ", job.worker_id())});
+    }
+  }
+  if (job.has_finished_at()) {
+    const absl::string_view state = absl::StripPrefix(v1::JobState_Name(job.state()), "JOB_STATE_");
+    out.push_back(
+        {"finished", job.finished_at(),
+         job.error().empty() ? std::string(state) : absl::StrCat(state, ": ", job.error())});
+  }
+  std::stable_sort(out.begin(), out.end(), [](const TimelineEvent& a, const TimelineEvent& b) {
+    return google::protobuf::util::TimeUtil::TimestampToMicroseconds(a.at) <
+           google::protobuf::util::TimeUtil::TimestampToMicroseconds(b.at);
+  });
+  return out;
+}
+
 // What a job's page shows of it: the job (without payload and result, whose sizes it gives) and
 // its timeline.
 std::string JobPage(v1::Job job) {
@@ -223,33 +284,12 @@ std::string JobPage(v1::Job job) {
   job.mutable_spec()->clear_payload();
   job.clear_result();
   google::protobuf::ListValue timeline;
-  auto add = [&timeline](const char* event, const google::protobuf::Timestamp& at,
-                         const std::string& detail) {
-    google::protobuf::Struct* e = timeline.add_values()->mutable_struct_value();
-    (*e->mutable_fields())["event"].set_string_value(event);
-    (*e->mutable_fields())["at"].set_string_value(google::protobuf::util::TimeUtil::ToString(at));
-    (*e->mutable_fields())["detail"].set_string_value(detail);
-  };
-  add("created", job.created_at(), absl::StrCat("queued as type ", job.spec().type()));
-  if (job.spec().has_not_before()) {
-    add("not_before", job.spec().not_before(), "held until this time");
-  }
-  // The row keeps the times of its latest attempt; earlier attempts show in its attempt count
-  // and, for a retried failure, in the error it kept.
-  if (job.has_dispatched_at()) {
-    add("dispatched", job.dispatched_at(),
-        absl::StrCat("attempt ", job.attempt() + (job.has_started_at() ? 0 : 1), " of ",
-                     job.max_attempts(), " to worker ", job.worker_id()));
-  }
-  if (job.has_started_at()) {
-    add("started", job.started_at(),
-        absl::StrCat("attempt ", job.attempt(), " of ", job.max_attempts(), " on worker ",
-                     job.worker_id()));
-  }
-  if (job.has_finished_at()) {
-    const absl::string_view state = absl::StripPrefix(v1::JobState_Name(job.state()), "JOB_STATE_");
-    add("finished", job.finished_at(),
-        job.error().empty() ? std::string(state) : absl::StrCat(state, ": ", job.error()));
+  for (const TimelineEvent& e : TimelineOf(job)) {
+    google::protobuf::Struct* line = timeline.add_values()->mutable_struct_value();
+    (*line->mutable_fields())["event"].set_string_value(e.event);
+    (*line->mutable_fields())["at"].set_string_value(
+        google::protobuf::util::TimeUtil::ToString(e.at));
+    (*line->mutable_fields())["detail"].set_string_value(e.detail);
   }
   return absl::StrCat("{\"job\":", ToJson(job), ",\"payload_bytes\":", payload_bytes,
                       ",\"result_bytes\":", result_bytes, ",\"timeline\":", ToJson(timeline), "}");

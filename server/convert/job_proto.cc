@@ -123,6 +123,18 @@ void ToProto(const job::Job& job, v1::Job* out) {
   if (job.started_at == absl::InfinitePast()) out->clear_started_at();
   if (job.finished_at == absl::InfinitePast()) out->clear_finished_at();
   if (job.updated_at == absl::InfinitePast()) out->clear_updated_at();
+  out->clear_earlier_attempts();
+  for (const job::EndedAttempt& a : job.earlier_attempts) {
+    v1::JobAttempt* p = out->add_earlier_attempts();
+    p->set_attempt(a.attempt);
+    p->set_worker_id(a.worker_id);
+    p->set_error(a.error);
+    // Unset times stay unset, as above.
+    if (a.dispatched_at != absl::InfinitePast())
+      ToProto(a.dispatched_at, p->mutable_dispatched_at());
+    if (a.started_at != absl::InfinitePast()) ToProto(a.started_at, p->mutable_started_at());
+    if (a.ended_at != absl::InfinitePast()) ToProto(a.ended_at, p->mutable_ended_at());
+  }
 }
 
 void ToProto(absl::Time t, google::protobuf::Timestamp* out) {

@@ -61,8 +61,11 @@ void Dispatcher::CommitTurn(absl::Time now) {
                .ran = w.ran});
           break;
         case WriteKind::kRetry:
-          writes.retries.push_back(
-              {.job_id = id, .attempt = w.attempt, .not_before = w.not_before, .error = w.error});
+          writes.retries.push_back({.job_id = id,
+                                    .attempt = w.attempt,
+                                    .not_before = w.not_before,
+                                    .error = w.error,
+                                    .ran = w.ran});
           break;
         case WriteKind::kReturn:
           writes.returns.push_back({.job_id = id, .attempt = w.attempt});
@@ -216,9 +219,10 @@ void Dispatcher::Answered(Held& h, bool changed, bool failed, absl::Time now,
               ->info("failed job={} attempt={} error=\"{}\"", id, w.attempt, w.error);
         }
         LogFinished(id, state, w.attempt);
-        if (times != nullptr && events_.Watched(id)) {
+        if (times != nullptr && w.attempt <= 1 && events_.Watched(id)) {
           // The row as the finish committed it, but for its spec: a RunSync call that has the
-          // spec answers from it without reading the row back.
+          // spec answers from it without reading the row back. A job past its first attempt
+          // keeps the earlier ones in the row only, so its RunSync reads the row.
           job::Job ended;
           ended.id = id;
           ended.seq = h.job.seq;

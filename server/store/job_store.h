@@ -57,6 +57,9 @@ struct RetryRequest {
   int32_t attempt = 0;  // the attempt that failed
   absl::Time not_before = absl::InfinitePast();
   std::string error;
+  // How long the attempt ran, if known. A row still DISPATCHED (the failure came before its
+  // RUNNING mark) keeps, in the attempt it records, its retry less this as the start.
+  absl::Duration ran = absl::InfiniteDuration();
 };
 
 // A DISPATCHED job back to the queue, no attempt consumed (ReturnToQueue).

@@ -260,6 +260,30 @@ CREATE TABLE fair_accounts (
 );
 )sql";
 
+// Version 9: a job keeps its earlier attempts.
+//
+// - `attempts` is a JSON array with one object per attempt that ended without ending the job
+//   (kRetry appends it): {"attempt", "worker", "dispatched_us", "started_us", "ended_us",
+//   "error"}, times in microseconds since the epoch, started_us null for a failure that overtook
+//   its accept. NULL until a job is first retried, so adding it rewrites nothing and a job that
+//   succeeds at once never writes it.
+// - A daemon of an earlier version runs on this schema unchanged (it never names the column), so
+//   a rolling upgrade and a rollback work; only a job it retries or ends loses its attempts.
+constexpr char kMigration9Attempts[] = R"sql(
+ALTER TABLE jobs_active ADD COLUMN attempts jsonb;
+ALTER TABLE jobs_done ADD COLUMN attempts jsonb;
+CREATE OR REPLACE VIEW jobs AS
+  SELECT seq, id, type, payload, resource_id, fairness_key, idempotency_key, labels, state,
+         attempt, max_attempts, timeout_ms, dispatch_deadline_at, not_before, worker_id, result,
+         error, created_at, dispatched_at, started_at, finished_at, updated_at, owner, attempts
+  FROM jobs_active
+  UNION ALL
+  SELECT seq, id, type, payload, resource_id, fairness_key, idempotency_key, labels, state,
+         attempt, max_attempts, timeout_ms, dispatch_deadline_at, not_before, worker_id, result,
+         error, created_at, dispatched_at, started_at, finished_at, updated_at, owner, attempts
+  FROM jobs_done;
+)sql";
+
 constexpr Migration kMigrations[] = {
     {1, "jobs table", kMigration1Jobs},
     {2, "idempotency window", kMigration2IdempotencyWindow},
@@ -269,6 +293,7 @@ constexpr Migration kMigrations[] = {
     {6, "an index of placed jobs instead of two of every job", kMigration6PlacedByArrival},
     {7, "job owners, and idempotency keys scoped to them", kMigration7Owner},
     {8, "fair-share accounts", kMigration8FairAccounts},
+    {9, "earlier attempts of a job", kMigration9Attempts},
 };
 
 }  // namespace

@@ -316,7 +316,7 @@ absl::StatusOr<QueuedHeads> PgJobStore::LoadQueuedHeads(int64_t per_queue) {
           if (seen.insert({job.spec.type, job.spec.fairness_key}).second) {
             out.queues.push_back(QueueCount{.type = job.spec.type,
                                             .fairness_key = job.spec.fairness_key,
-                                            .queued = row[kColSeq + 1].as<int64_t>()});
+                                            .queued = row[kColCount].as<int64_t>()});
           }
           out.jobs.push_back(std::move(job));
         }

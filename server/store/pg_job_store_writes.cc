@@ -147,18 +147,19 @@ absl::StatusOr<bool> PgJobStore::Retry(const std::string& job_id, int32_t attemp
   if (not_before == absl::InfiniteFuture()) {
     return absl::InvalidArgumentError("not_before: must not be infinite-future");
   }
-  return WithConnection(*pool_, absl::StrCat("retry job ", job_id),
-                        [&](pqxx::connection& conn) -> absl::StatusOr<bool> {
-                          pqxx::nontransaction txn(conn);
-                          const int64_t epoch = fence_.load();
-                          if (txn.exec_prepared(kRetry.name, job_id, attempt,
-                                                OptionalMicros(not_before), error, epoch)
-                                  .affected_rows() == 1) {
-                            return true;
-                          }
-                          DISPATCHD_RETURN_IF_ERROR(FenceHolds(txn, epoch));
-                          return false;
-                        });
+  return WithConnection(
+      *pool_, absl::StrCat("retry job ", job_id),
+      [&](pqxx::connection& conn) -> absl::StatusOr<bool> {
+        pqxx::nontransaction txn(conn);
+        const int64_t epoch = fence_.load();
+        if (txn.exec_prepared(kRetry.name, job_id, attempt, OptionalMicros(not_before), error,
+                              epoch, RanMicros(absl::InfiniteDuration()))
+                .affected_rows() == 1) {
+          return true;
+        }
+        DISPATCHD_RETURN_IF_ERROR(FenceHolds(txn, epoch));
+        return false;
+      });
 }
 
 absl::StatusOr<bool> PgJobStore::Finish(const FinishRequest& req) {
@@ -237,7 +238,7 @@ absl::StatusOr<TurnOutcome> PgJobStore::WriteTurn(const TurnWrites& writes) {
     }
     for (const RetryRequest& r : writes.retries) {
       if (txn.exec_prepared(kRetry.name, r.job_id, r.attempt, OptionalMicros(r.not_before), r.error,
-                            epoch)
+                            epoch, RanMicros(r.ran))
               .affected_rows() == 1) {
         out.retried.push_back(r.job_id);
       }
@@ -289,7 +290,7 @@ absl::StatusOr<CancelOutcome> PgJobStore::Cancel(const std::string& job_id,
               absl::StrCat("job ", job_id, " already ", TextFromField(done[0][0])));
         }
         DISPATCHD_ASSIGN_OR_RETURN(job::Job job, RowToJob(rows[0]));
-        const std::string state = TextFromField(rows[0][kColSeq + 1]);
+        const std::string state = TextFromField(rows[0][kColCount]);
         std::optional<job::JobState> previous = job::ParseJobState(state);
         if (!previous.has_value()) {
           return absl::InternalError(absl::StrCat("job ", job_id, ": unknown state ", state));

@@ -41,8 +41,9 @@ constexpr const char* kColNames[] = {"id",
                                      "finished_us",
                                      "updated_us",
                                      "owner",
-                                     "seq"};
-static_assert(std::size(kColNames) == kColSeq + 1, "a name for every column of a job");
+                                     "seq",
+                                     "attempts"};
+static_assert(std::size(kColNames) == kColCount, "a name for every column of a job");
 
 // Parses an integer column that is never NULL. Internal naming `job_id` and `column` otherwise.
 template <typename Int>
@@ -64,6 +65,45 @@ absl::StatusOr<absl::Time> TimeFromCell(TextCell cell, absl::string_view job_id,
   if (cell.is_null()) return absl::InfinitePast();
   DISPATCHD_ASSIGN_OR_RETURN(int64_t us, IntFromCell<int64_t>(cell, job_id, column));
   return absl::FromUnixMicros(us);
+}
+
+// The earlier attempts from kColAttempts: six elements an attempt (DISPATCHD_PG_ATTEMPTS_ARRAY),
+// '' for a time or worker it lacks.
+absl::StatusOr<std::vector<job::EndedAttempt>> AttemptsFromCell(TextCell cell,
+                                                                absl::string_view job_id) {
+  constexpr size_t kFields = 6;
+  std::vector<job::EndedAttempt> out;
+  absl::StatusOr<std::vector<std::string>> items = TextArrayFromCell(cell);
+  if (!items.ok() || items->size() % kFields != 0) {
+    return absl::InternalError(absl::StrCat(
+        "job ", job_id,
+        ": attempts: ", items.ok() ? "not six fields an attempt" : items.status().message()));
+  }
+  auto time = [job_id](const std::string& us, absl::Time* t) {
+    if (us.empty()) return absl::OkStatus();
+    int64_t value = 0;
+    if (!absl::SimpleAtoi(us, &value)) {
+      return absl::InternalError(
+          absl::StrCat("job ", job_id, ": attempts: not a time in us: \"", us, "\""));
+    }
+    *t = absl::FromUnixMicros(value);
+    return absl::OkStatus();
+  };
+  out.reserve(items->size() / kFields);
+  for (size_t i = 0; i < items->size(); i += kFields) {
+    const std::string* f = &(*items)[i];
+    job::EndedAttempt& a = out.emplace_back();
+    if (!absl::SimpleAtoi(f[0], &a.attempt)) {
+      return absl::InternalError(
+          absl::StrCat("job ", job_id, ": attempts: not an attempt number: \"", f[0], "\""));
+    }
+    a.worker_id = f[1];
+    DISPATCHD_RETURN_IF_ERROR(time(f[2], &a.dispatched_at));
+    DISPATCHD_RETURN_IF_ERROR(time(f[3], &a.started_at));
+    DISPATCHD_RETURN_IF_ERROR(time(f[4], &a.ended_at));
+    a.error = f[5];
+  }
+  return out;
 }
 
 }  // namespace
@@ -111,9 +151,9 @@ std::string BytesFromCell(TextCell cell) {
 }
 
 absl::StatusOr<job::Job> JobFromRow(const TextRow& row) {
-  if (row.size() <= kColSeq) {
+  if (row.size() < kColCount) {
     return absl::InternalError(
-        absl::StrCat("job row: ", row.size(), " columns, expected at least ", kColSeq + 1));
+        absl::StrCat("job row: ", row.size(), " columns, expected at least ", kColCount));
   }
   auto text = [&row](Col col) { return std::string(row[col].text()); };
   job::Job job;
@@ -173,6 +213,7 @@ absl::StatusOr<job::Job> JobFromRow(const TextRow& row) {
   DISPATCHD_RETURN_IF_ERROR(time(kColUpdatedUs, &job.updated_at));
   job.owner = text(kColOwner);
   DISPATCHD_RETURN_IF_ERROR(integer(kColSeq, &job.seq));
+  DISPATCHD_ASSIGN_OR_RETURN(job.earlier_attempts, AttemptsFromCell(row[kColAttempts], job.id));
   return job;
 }
 
@@ -253,6 +294,12 @@ InsertColumns::InsertColumns(const std::vector<const job::Job*>& jobs) {
   }
 }
 
+int64_t RanMicros(absl::Duration ran) {
+  return ran == absl::InfiniteDuration() || ran < absl::ZeroDuration()
+             ? -1
+             : absl::ToInt64Microseconds(ran);
+}
+
 FinishColumns::FinishColumns(const std::vector<FinishRequest>& reqs) {
   std::vector<std::string> id, state, result, error;
   std::vector<int32_t> attempt;
@@ -263,9 +310,7 @@ FinishColumns::FinishColumns(const std::vector<FinishRequest>& reqs) {
     state.emplace_back(job::ToString(r.state));
     result.push_back(absl::BytesToHexString(r.result));
     error.push_back(r.error);
-    ran.push_back(r.ran == absl::InfiniteDuration() || r.ran < absl::ZeroDuration()
-                      ? -1
-                      : absl::ToInt64Microseconds(r.ran));
+    ran.push_back(RanMicros(r.ran));
   }
   ids = TextArrayLiteral(id);
   attempts = IntArrayLiteral(attempt);

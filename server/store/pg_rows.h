@@ -63,11 +63,11 @@ class TextCell {
 using TextRow = std::vector<TextCell>;
 
 // A job from a row whose columns are DISPATCHD_PG_JOB_COLUMNS (enum Col in pg_statements.h);
-// cells after kColSeq are ignored. Text columns read NULL as empty, a NULL dispatch deadline as
-// InfiniteDuration and NULL times as InfinitePast; payload and result are bytea text (hex or
-// escape format). Internal, naming the job and the column, for a row no statement of the store
-// returns: too few cells, an integer column that is NULL or not an integer, malformed labels, an
-// unknown state.
+// cells from kColCount on are ignored. Text columns read NULL as empty, a NULL dispatch deadline
+// as InfiniteDuration, NULL times as InfinitePast and NULL attempts as none; payload and result
+// are bytea text (hex or escape format). Internal, naming the job and the column, for a row no
+// statement of the store returns: too few cells, an integer column that is NULL or not an
+// integer, malformed labels or attempts, an unknown state.
 absl::StatusOr<job::Job> JobFromRow(const TextRow& row);
 
 // A ref from a row of (id, state, attempt, worker_id, updated_at in us), as kGetRefs and
@@ -132,8 +132,11 @@ struct BatchColumns {
   }
 };
 
-// The parameters of the finishes' arrays. A run time that is unknown (infinite) or negative
-// travels as -1.
+// A run time as the finishes and retries carry it: microseconds, or -1 when it is unknown
+// (infinite) or negative.
+int64_t RanMicros(absl::Duration ran);
+
+// The parameters of the finishes' arrays, run times as RanMicros gives them.
 struct FinishColumns {
   std::string ids, attempts, states, results, errors, ran_us;
 

@@ -40,9 +40,9 @@ struct Statement {
   Access access = Access::kPoint;
 };
 
-// Columns of a job, in the order RowToJob reads them (see enum Col), with `payload` the
-// expression read as the payload.
-#define DISPATCHD_PG_JOB_COLUMNS_OF(payload, result)                          \
+// Columns of a job, in the order RowToJob reads them (see enum Col), with `payload`, `result` and
+// `attempts` the expressions read as those columns.
+#define DISPATCHD_PG_JOB_COLUMNS_OF(payload, result, attempts)                \
   "id, type, " payload                                                        \
   ", resource_id, fairness_key, "                                             \
   "idempotency_key, max_attempts, timeout_ms, "                               \
@@ -55,13 +55,23 @@ struct Statement {
   "(extract(epoch FROM dispatched_at) * 1000000)::int8, "                     \
   "(extract(epoch FROM started_at) * 1000000)::int8, "                        \
   "(extract(epoch FROM finished_at) * 1000000)::int8, "                       \
-  "(extract(epoch FROM updated_at) * 1000000)::int8, owner, seq"
-#define DISPATCHD_PG_JOB_COLUMNS_WITH(payload) DISPATCHD_PG_JOB_COLUMNS_OF(payload, "result")
-#define DISPATCHD_PG_JOB_COLUMNS DISPATCHD_PG_JOB_COLUMNS_WITH("payload")
-// A search lists jobs: neither payloads nor results leave the database.
-#define DISPATCHD_PG_JOB_COLUMNS_LISTED DISPATCHD_PG_JOB_COLUMNS_OF("''::bytea", "NULL::bytea")
-// The dispatcher's loads leave payloads in the database: a claim returns them.
-#define DISPATCHD_PG_JOB_COLUMNS_NO_PAYLOAD DISPATCHD_PG_JOB_COLUMNS_WITH("''::bytea")
+  "(extract(epoch FROM updated_at) * 1000000)::int8, owner, seq, " attempts
+// The earlier attempts (migration 9) as a flat text array, six elements an attempt: attempt,
+// worker, dispatched_us, started_us, ended_us, error ('' for none); NULL for none.
+#define DISPATCHD_PG_ATTEMPTS_ARRAY                                                           \
+  "CASE WHEN attempts IS NULL THEN NULL ELSE ARRAY(SELECT ARRAY[a->>'attempt', "              \
+  "coalesce(a->>'worker', ''), coalesce(a->>'dispatched_us', ''), "                           \
+  "coalesce(a->>'started_us', ''), coalesce(a->>'ended_us', ''), coalesce(a->>'error', '')] " \
+  "FROM jsonb_array_elements(attempts) WITH ORDINALITY AS e(a, n) ORDER BY n) END"
+#define DISPATCHD_PG_JOB_COLUMNS \
+  DISPATCHD_PG_JOB_COLUMNS_OF("payload", "result", DISPATCHD_PG_ATTEMPTS_ARRAY)
+// A search lists jobs: neither payloads, results nor attempts leave the database.
+#define DISPATCHD_PG_JOB_COLUMNS_LISTED \
+  DISPATCHD_PG_JOB_COLUMNS_OF("''::bytea", "NULL::bytea", "NULL::text[]")
+// The dispatcher's loads leave payloads and attempts in the database: a claim returns the
+// payload, and the dispatcher has no use for the attempts.
+#define DISPATCHD_PG_JOB_COLUMNS_NO_PAYLOAD \
+  DISPATCHD_PG_JOB_COLUMNS_OF("''::bytea", "result", "NULL::text[]")
 
 #define DISPATCHD_PG_ACTIVE_STATES "('QUEUED', 'DISPATCHED', 'RUNNING')"
 
@@ -110,6 +120,8 @@ enum Col {
   kColUpdatedUs,
   kColOwner,
   kColSeq,
+  kColAttempts,  // text[], DISPATCHD_PG_ATTEMPTS_ARRAY
+  kColCount,     // the first column after a job's
 };
 
 // Inserts jobs in one statement, in array order (so seq follows it): $1 ids, $2 types, $3
@@ -241,7 +253,7 @@ inline constexpr Statement kLoadPlaced{"load_placed",
                                        Access::kScan};
 
 // $1 rows per queue. Each queue's QUEUED count, then its first rows: job columns, then the count
-// (kColSeq + 1). A queue is found with an index-only scan of jobs_queued_by_queue (migration 4);
+// (kColCount). A queue is found with an index-only scan of jobs_queued_by_queue (migration 4);
 // its rows with one index range scan each.
 inline constexpr Statement kLoadQueuedHeads{"load_queued_heads", R"sql(
 WITH q AS (
@@ -283,12 +295,25 @@ UPDATE jobs_active SET state = 'QUEUED', worker_id = '', updated_at = now()
 WHERE id = $1 AND )sql" DISPATCHD_PG_STATE_IS("", "'DISPATCHED' THEN attempt = $2::int4") R"sql(
   AND EXISTS (SELECT 1 FROM fence))sql"};
 
-// $1 id, $2 attempt, $3 not_before in us (NULL: at once), $4 error, $5 epoch. Like kFinish, a
-// failure that overtook its accept (the row still DISPATCHED at the attempt before) counts.
+// $1 id, $2 attempt, $3 not_before in us (NULL: at once), $4 error, $5 epoch, $6 how long the
+// attempt ran in us (-1: unknown). Like kFinish, a failure that overtook its accept (the row
+// still DISPATCHED at the attempt before) counts. The attempt that ended is appended to
+// `attempts` (migration 9), from the row as it was: its worker and times; for a row never marked
+// RUNNING, started_us is now less the run time, or null when that is unknown.
 inline constexpr Statement kRetry{"retry", "WITH " DISPATCHD_PG_FENCE(5) R"sql(
 UPDATE jobs_active SET state = 'QUEUED', attempt = $2::int4, worker_id = '',
                 not_before = timestamptz 'epoch' + $3::int8 * interval '1 microsecond',
-                error = $4, updated_at = now()
+                error = $4, updated_at = now(),
+                attempts = coalesce(attempts, '[]'::jsonb) || jsonb_build_array(jsonb_build_object(
+                  'attempt', $2::int4, 'worker', worker_id,
+                  'dispatched_us', (extract(epoch FROM dispatched_at) * 1000000)::int8,
+                  'started_us', CASE WHEN state = 'RUNNING'
+                                     THEN (extract(epoch FROM started_at) * 1000000)::int8
+                                     WHEN $6::int8 >= 0
+                                     THEN (extract(epoch FROM now()) * 1000000)::int8 - $6::int8
+                                     END,
+                  'ended_us', (extract(epoch FROM now()) * 1000000)::int8,
+                  'error', $4::text))
 WHERE id = $1 AND )sql" DISPATCHD_PG_STATE_IS("",
                                               "'RUNNING' THEN attempt = $2::int4 WHEN "
                                               "'DISPATCHED' THEN attempt = $2::int4 - 1") R"sql(
@@ -304,12 +329,12 @@ WHERE id = $1 AND )sql" DISPATCHD_PG_STATE_IS("",
   "INSERT INTO jobs_done (seq, id, type, payload, resource_id, fairness_key, idempotency_key, " \
   "labels, state, attempt, max_attempts, timeout_ms, dispatch_deadline_at, not_before, "        \
   "worker_id, result, error, created_at, dispatched_at, started_at, finished_at, updated_at, "  \
-  "owner) "                                                                                     \
+  "owner, attempts) "                                                                           \
   "SELECT m.seq, m.id, m.type, m.payload, m.resource_id, m.fairness_key, m.idempotency_key, "   \
   "m.labels, " state ", " attempt                                                               \
   ", m.max_attempts, m.timeout_ms, m.dispatch_deadline_at, "                                    \
   "m.not_before, m.worker_id, " result ", " error ", m.created_at, m.dispatched_at, " started   \
-  ", now(), now(), m.owner FROM moved m"
+  ", now(), now(), m.owner, m.attempts FROM moved m"
 
 // $1 id, $2 attempt, $3 terminal state, $4 result (binary), $5 error, $6 epoch.
 inline constexpr Statement kFinish{"finish", "WITH " DISPATCHD_PG_FENCE(6) R"sql(, moved AS (
@@ -431,7 +456,7 @@ inline constexpr Statement kWriteTurn{
 #undef DISPATCHD_PG_MARKS
 #undef DISPATCHD_PG_CLAIMS
 
-// $1 id, $2 reason. The job as cancelled, and the state it was cancelled from (kColSeq + 1).
+// $1 id, $2 reason. The job as cancelled, and the state it was cancelled from (kColCount).
 inline constexpr Statement kCancel{"cancel", R"sql(
 WITH moved AS (DELETE FROM jobs_active WHERE id = $1 RETURNING *), done AS (
 )sql" DISPATCHD_PG_INSERT_DONE("'CANCELLED'", "m.attempt", "m.result", "$2") R"sql( RETURNING *
@@ -520,7 +545,7 @@ inline constexpr Statement kLoadAccounts{"load_accounts",
 #undef DISPATCHD_PG_INSERT_DONE_STARTED
 #undef DISPATCHD_PG_JOB_COLUMNS
 #undef DISPATCHD_PG_JOB_COLUMNS_NO_PAYLOAD
-#undef DISPATCHD_PG_JOB_COLUMNS_WITH
+#undef DISPATCHD_PG_ATTEMPTS_ARRAY
 #undef DISPATCHD_PG_JOB_COLUMNS_LISTED
 #undef DISPATCHD_PG_JOB_COLUMNS_OF
 #undef DISPATCHD_PG_ACTIVE_STATES

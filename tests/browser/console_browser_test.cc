@@ -59,7 +59,10 @@ TEST_F(ConsoleBrowserTest, JobsAppearRunFinishAndCancelOnTheLivePage) {
 
   WriteTokensFile(dir_, {{"alice", "client", ""}, {"gpu", "worker", ""}, {"ops", "admin", ""}});
   DaemonOptions options;
-  options.types = {{.name = "echo"}, {.name = "held"}};  // no worker serves `held`
+  // No worker serves `held`; `flaky` fails its first attempt.
+  options.types = {{.name = "echo"},
+                   {.name = "held"},
+                   {.name = "flaky", .max_attempts = 2, .retry_backoff = "100ms"}};
   options.extra_yaml = absl::StrCat("auth:\n  tokens_file: ", dir_.File("tokens"), "\n");
   std::unique_ptr<Daemon> daemon = StartDaemon(options);
   ASSERT_NE(daemon, nullptr);
@@ -69,12 +72,22 @@ TEST_F(ConsoleBrowserTest, JobsAppearRunFinishAndCancelOnTheLivePage) {
                 .types = {"echo"},
                 .mode = {"--token-file", dir_.File("gpu.token"), "--simulate", "100%:2s"}});
   ASSERT_NE(worker, nullptr);
+  // Exit 75 is a retryable failure: the job's page shows the attempt that failed, then the one
+  // that succeeded.
+  std::unique_ptr<Worker> flaky_worker = StartWorker(
+      *daemon, {.id = "w2",
+                .types = {"flaky"},
+                .mode = {"--token-file", dir_.File("gpu.token"), "--exec",
+                         "if [ \"$DISPATCHD_ATTEMPT\" = 1 ]; then echo 'CUDA out of memory' >&2; "
+                         "exit 75; fi; cat"}});
+  ASSERT_NE(flaky_worker, nullptr);
   // The harness's own stubs carry no token: ask as the admin.
   ASSERT_TRUE(WaitFor(
       [&] {
         CommandResult w = RunCommand({DispatchctlBin(), "--server", daemon->address(),
                                       "--token-file", dir_.File("ops.token"), "workers"});
-        return w.exit_code == 0 && w.out.find("w1") != std::string::npos;
+        return w.exit_code == 0 && w.out.find("w1") != std::string::npos &&
+               w.out.find("w2") != std::string::npos;
       },
       absl::Seconds(30)));
   const std::string http = daemon->MetricsAddress();
@@ -93,7 +106,7 @@ TEST_F(ConsoleBrowserTest, JobsAppearRunFinishAndCancelOnTheLivePage) {
   EXPECT_TRUE(std::filesystem::exists(out + "/console-jobs.png"));
   std::printf(
       "console screenshots kept in %s (console-jobs.png, console-job.png, "
-      "console-workers.png, console-queues.png)\n",
+      "console-job-retried.png, console-workers.png, console-queues.png)\n",
       out.c_str());
 }
 

@@ -1,7 +1,8 @@
 // Drives the dispatchd web console in headless Chromium against a running daemon and worker
 // (started by console_browser_test.cc): enters the token, submits jobs with dispatchctl, sees
 // them appear, run and finish on the page without a reload, cancels one from the page, opens a
-// job's timeline and the workers and queues views, and keeps screenshots. Exits 0 when every
+// job's timeline and that of a job retried once, the workers and queues views, and keeps
+// screenshots. Exits 0 when every
 // check held; otherwise prints what did not and exits 1.
 //
 //   node console_e2e.js --url http://127.0.0.1:9464 --token-file ops.token \
@@ -95,7 +96,8 @@ async function main() {
     // Jobs appear, move and finish while the page stays loaded.
     const held = submit('held', 'never runs');
     const ids = [submit('echo', 'one'), submit('echo', 'two'), submit('echo', 'three')];
-    log('submitted', ids.join(' '), 'and', held);
+    const flaky = submit('flaky', 'second try');  // its first attempt fails, retryably
+    log('submitted', ids.join(' '), 'and', held, 'and', flaky);
     const seen = {};  // id -> every state the page showed for it
     await waitUntil('every echo job SUCCEEDED on the page', async () => {
       const states = await statesOf(page, [...ids, held]);
@@ -135,6 +137,33 @@ async function main() {
     const shown = await page.$eval('#job-state', (e) => e.textContent);
     if (shown !== 'SUCCEEDED') throw new Error(`job page shows ${shown}`);
     await page.screenshot({ path: path.join(opt.out, 'console-job.png'), fullPage: true });
+
+    // A job retried once, opened by its id from the search form: each attempt in the timeline.
+    await page.click('#nav-jobs');
+    await page.waitForSelector('#job-search input[name="id"]', { timeout: 15000 });
+    await page.type('#job-search input[name="id"]', flaky);
+    await page.keyboard.press('Enter');
+    await waitUntil(`the page of ${flaky}, SUCCEEDED on its second attempt`, () => page.evaluate((id) => {
+      const title = document.querySelector('#view h2');
+      const state = document.querySelector('#job-state');
+      return title !== null && title.textContent.includes(id) && state !== null &&
+        state.textContent === 'SUCCEEDED' && document.querySelector('tr[data-event="finished"]') !== null;
+    }, flaky), 30000);
+    const lines = await page.$$eval('tr[data-event]',
+      (rows) => rows.map((r) => ({ event: r.dataset.event, detail: r.cells[2].textContent })));
+    log('timeline of', flaky, JSON.stringify(lines));
+    const order = lines.map((l) => l.event).filter((e) => e !== 'not_before').join(' ');
+    const want = 'created dispatched started retried dispatched started finished';
+    if (order !== want) throw new Error(`timeline of ${flaky}: ${order}, want ${want}`);
+    const retried = lines.find((l) => l.event === 'retried').detail;
+    if (!/^attempt 1 of 2 failed: .*CUDA out of memory/.test(retried)) {
+      throw new Error(`timeline of ${flaky}: the retried attempt says "${retried}"`);
+    }
+    const second = lines.filter((l) => l.event === 'started')[1].detail;
+    if (!/^attempt 2 of 2 on worker gpu\/w2$/.test(second)) {
+      throw new Error(`timeline of ${flaky}: the second start says "${second}"`);
+    }
+    await page.screenshot({ path: path.join(opt.out, 'console-job-retried.png'), fullPage: true });
 
     // Workers and queues, as the admin sees them.
     await page.click('#nav-workers');

@@ -12,6 +12,7 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/util/message_differencer.h"
+#include "google/protobuf/util/time_util.h"
 #include "grpcpp/client_context.h"
 #include "gtest/gtest.h"
 #include <signal.h>
@@ -22,6 +23,7 @@
 namespace dispatchd::e2e {
 namespace {
 
+using ::google::protobuf::util::TimeUtil;
 using ::testing::HasSubstr;
 
 class DispatchTest : public E2eTest {
@@ -154,10 +156,26 @@ TEST_F(DispatchTest, RunSyncOfAJobRetriedOnceAnswersTheRowStatusReads) {
   EXPECT_EQ(run.attempt(), 2);
   EXPECT_EQ(run.result(), "second try");
   EXPECT_TRUE(run.spec().has_not_before());
+  // The attempt that failed is kept, whole: the timeline of the job page and dispatchctl status.
+  ASSERT_EQ(run.earlier_attempts_size(), 1);
+  const v1::JobAttempt& first = run.earlier_attempts(0);
+  EXPECT_EQ(first.attempt(), 1);
+  EXPECT_EQ(first.worker_id(), "w1");
+  EXPECT_THAT(first.error(), HasSubstr("first try"));
+  EXPECT_TRUE(first.has_dispatched_at());
+  EXPECT_TRUE(first.has_started_at());
+  EXPECT_LE(TimeUtil::TimestampToMicroseconds(first.started_at()),
+            TimeUtil::TimestampToMicroseconds(first.ended_at()));
+  EXPECT_LE(TimeUtil::TimestampToMicroseconds(first.ended_at()),
+            TimeUtil::TimestampToMicroseconds(run.dispatched_at()));
   EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(run, status))
       << "RunSync:\n"
       << run.DebugString() << "Status:\n"
       << status.DebugString();
+  CommandResult shown = d->Ctl({"status", run.id()});
+  EXPECT_EQ(shown.exit_code, 0) << shown.err;
+  EXPECT_THAT(shown.out,
+              ::testing::ContainsRegex("attempt 1: +w1, started .*, failed .*first try"));
 }
 
 TEST_F(DispatchTest, TwoOneSlotWorkersNeverRunMoreThanTwoJobs) {

@@ -184,6 +184,11 @@ TEST_F(PgJobStoreTest, RetryAcceptsAFailureThatOvertookItsAccept) {
   EXPECT_EQ(got.attempt, 1);  // the attempt is consumed
   EXPECT_EQ(got.worker_id, "");
   EXPECT_EQ(got.error, "boom");
+  // It is kept, with no start: neither the accept nor the run time reached the store.
+  ASSERT_EQ(got.earlier_attempts.size(), 1u);
+  EXPECT_EQ(got.earlier_attempts[0].worker_id, "w1");
+  EXPECT_EQ(got.earlier_attempts[0].started_at, absl::InfinitePast());
+  EXPECT_EQ(got.earlier_attempts[0].error, "boom");
 }
 
 TEST_F(PgJobStoreTest, LateFinishForAnAttemptThatWasRetriedChangesNothing) {
@@ -198,6 +203,68 @@ TEST_F(PgJobStoreTest, LateFinishForAnAttemptThatWasRetriedChangesNothing) {
   EXPECT_EQ(after.result, "");
   EXPECT_EQ(after.updated_at, before.updated_at);
   EXPECT_EQ(after.spec.not_before, absl::InfinitePast());
+}
+
+TEST_F(PgJobStoreTest, EachRetryKeepsTheAttemptItEndedThroughToTheJobsEnd) {
+  InsertRunning("j_1", "w1");
+  const Job running = Get("j_1");
+  ASSERT_THAT(store_->Retry("j_1", 1, absl::InfinitePast(), "out of memory"), IsOkAndHolds(true));
+  // Attempt 2 fails on w2 after 2 s, before its accept is written; a turn retries it.
+  ASSERT_THAT(store_->Claim({{.job_id = "j_1", .attempt = 1, .worker_id = "w2"}}),
+              IsOkAndHolds(ElementsAre("j_1")));
+  const Job dispatched = Get("j_1");
+  absl::StatusOr<TurnOutcome> turn = store_->WriteTurn(
+      {.retries = {
+           {.job_id = "j_1", .attempt = 2, .error = "CUDA error", .ran = absl::Seconds(2)}}});
+  ASSERT_THAT(turn, IsOk());
+  ASSERT_THAT(turn->retried, ElementsAre("j_1"));
+  const Job queued = Get("j_1");
+  ASSERT_EQ(queued.earlier_attempts.size(), 2u);
+  const job::EndedAttempt& first = queued.earlier_attempts[0];
+  EXPECT_EQ(first.attempt, 1);
+  EXPECT_EQ(first.worker_id, "w1");
+  EXPECT_EQ(first.dispatched_at, running.dispatched_at);
+  EXPECT_EQ(first.started_at, running.started_at);
+  EXPECT_GE(first.ended_at, running.started_at);
+  EXPECT_EQ(first.error, "out of memory");
+  const job::EndedAttempt& second = queued.earlier_attempts[1];
+  EXPECT_EQ(second.attempt, 2);
+  EXPECT_EQ(second.worker_id, "w2");
+  EXPECT_EQ(second.dispatched_at, dispatched.dispatched_at);
+  EXPECT_EQ(second.started_at, second.ended_at - absl::Seconds(2));
+  EXPECT_GE(second.ended_at, first.ended_at);
+  EXPECT_EQ(second.error, "CUDA error");
+
+  // The third attempt succeeds in a turn: the ended row keeps both.
+  ASSERT_THAT(store_->Claim({{.job_id = "j_1", .attempt = 2, .worker_id = "w3"}}),
+              IsOkAndHolds(ElementsAre("j_1")));
+  ASSERT_THAT(store_->MarkRunning("j_1", 3, "w3"), IsOkAndHolds(true));
+  ASSERT_THAT(store_->WriteTurn({.finishes = {{.job_id = "j_1", .attempt = 3, .result = "ok"}}}),
+              IsOk());
+  const Job done = Get("j_1");
+  EXPECT_EQ(done.state, JobState::kSucceeded);
+  EXPECT_EQ(done.worker_id, "w3");
+  ASSERT_EQ(done.earlier_attempts.size(), 2u);
+  EXPECT_EQ(done.earlier_attempts[0].error, "out of memory");
+  EXPECT_EQ(done.earlier_attempts[1].error, "CUDA error");
+  EXPECT_EQ(done.earlier_attempts[1].ended_at, second.ended_at);
+  absl::StatusOr<std::vector<Job>> both = store_->GetMany({"j_1"});
+  ASSERT_THAT(both, IsOk());
+  ASSERT_EQ(both->size(), 1u);
+  EXPECT_EQ((*both)[0].earlier_attempts.size(), 2u);
+}
+
+TEST_F(PgJobStoreTest, ACancelledJobKeepsItsEarlierAttempts) {
+  InsertRunning("j_cancel");
+  ASSERT_THAT(store_->Retry("j_cancel", 1, absl::InfinitePast(), "lost"), IsOkAndHolds(true));
+  absl::StatusOr<CancelOutcome> cancelled = store_->Cancel("j_cancel", "user asked");
+  ASSERT_THAT(cancelled, IsOk());
+  ASSERT_EQ(cancelled->job.earlier_attempts.size(), 1u);
+  EXPECT_EQ(cancelled->job.earlier_attempts[0].error, "lost");
+  EXPECT_EQ(Get("j_cancel").earlier_attempts.size(), 1u);
+  // A job never retried has none, ended or not.
+  Insert(MakeJob("j_plain"));
+  EXPECT_TRUE(Get("j_plain").earlier_attempts.empty());
 }
 
 TEST_F(PgJobStoreTest, JobCompletesAtMostOnce) {

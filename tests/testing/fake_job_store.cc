@@ -387,6 +387,16 @@ absl::StatusOr<bool> FakeJobStore::Retry(const std::string& job_id, int32_t atte
 bool FakeJobStore::RetryOne(const store::RetryRequest& req, absl::Time now) {
   job::Job* job = Find(req.job_id);
   if (job == nullptr || !AttemptRuns(*job, req.attempt)) return false;
+  job->earlier_attempts.push_back(job::EndedAttempt{
+      .attempt = req.attempt,
+      .worker_id = job->worker_id,
+      .dispatched_at = job->dispatched_at,
+      .started_at = job->state == JobState::kRunning ? job->started_at
+                    : req.ran != absl::InfiniteDuration() && req.ran >= absl::ZeroDuration()
+                        ? absl::FromUnixMicros(absl::ToUnixMicros(now - req.ran))
+                        : absl::InfinitePast(),
+      .ended_at = now,
+      .error = req.error});
   job->state = JobState::kQueued;
   job->attempt = req.attempt;
   job->worker_id.clear();

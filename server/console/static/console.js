@@ -36,10 +36,14 @@ function stateCell(s) {
   return h('td', { class: `state state-${name}` }, name);
 }
 
-function time(ts) {
+// A time as UTC, to the second, or to the millisecond when `precise` (a job's timeline, where
+// one attempt can start and end within a second).
+function time(ts, precise) {
   if (!ts) return '';
   const d = new Date(ts);
-  return isNaN(d) ? ts : d.toISOString().replace('T', ' ').replace(/\.\d+Z$/, 'Z');
+  if (isNaN(d)) return ts;
+  const iso = d.toISOString().replace('T', ' ');
+  return precise ? iso : iso.replace(/\.\d+Z$/, 'Z');
 }
 
 function num(v, digits) {
@@ -247,7 +251,7 @@ async function renderJob(view, first, shown) {
       : '',
     h('h2', {}, 'Timeline'),
     table(['event', 'at', 'detail'], page.timeline.map((e) => h('tr', { 'data-event': e.event },
-      h('td', {}, e.event), h('td', {}, time(e.at)), h('td', {}, e.detail)))));
+      h('td', {}, e.event), h('td', {}, time(e.at, true)), h('td', {}, e.detail)))));
 }
 
 const VIEWS = { queues: renderQueues, workers: renderWorkers, jobs: renderJobs, job: renderJob };

@@ -52,5 +52,39 @@ TEST(JobProtoTest, SpecWithAThousandYearDeadlineReadsBackTheSame) {
   EXPECT_EQ(out.dispatch_deadline().nanos(), 0);
 }
 
+TEST(JobProtoTest, EarlierAttemptsKeepTheirOrderAndLeaveUnknownTimesUnset) {
+  job::Job job;
+  job.id = "j1";
+  job.attempt = 3;
+  job.earlier_attempts = {{.attempt = 1,
+                           .worker_id = "w1",
+                           .dispatched_at = absl::FromUnixSeconds(100),
+                           .started_at = absl::FromUnixSeconds(101),
+                           .ended_at = absl::FromUnixSeconds(102),
+                           .error = "out of memory"},
+                          {.attempt = 2,
+                           .worker_id = "w2",
+                           .dispatched_at = absl::FromUnixSeconds(103),
+                           .ended_at = absl::FromUnixSeconds(104),
+                           .error = "lost"}};
+  v1::Job out;
+  ToProto(job, &out);
+  ASSERT_EQ(out.earlier_attempts_size(), 2);
+  const v1::JobAttempt& first = out.earlier_attempts(0);
+  EXPECT_EQ(first.attempt(), 1);
+  EXPECT_EQ(first.worker_id(), "w1");
+  EXPECT_EQ(first.dispatched_at().seconds(), 100);
+  EXPECT_EQ(first.started_at().seconds(), 101);
+  EXPECT_EQ(first.ended_at().seconds(), 102);
+  EXPECT_EQ(first.error(), "out of memory");
+  const v1::JobAttempt& second = out.earlier_attempts(1);
+  EXPECT_EQ(second.attempt(), 2);
+  EXPECT_FALSE(second.has_started_at());  // it failed before its accept
+  EXPECT_EQ(second.ended_at().seconds(), 104);
+  // Converting again into the same message replaces them.
+  ToProto(job, &out);
+  EXPECT_EQ(out.earlier_attempts_size(), 2);
+}
+
 }  // namespace
 }  // namespace dispatchd::convert

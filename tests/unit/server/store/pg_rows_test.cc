@@ -37,7 +37,7 @@ MATCHER_P(IsOkAndHolds, matcher, "is OK and holds a matching value") {
 
 // A row of every column of a job, as PostgreSQL prints them, for a running job with labels.
 TextRow FullRow() {
-  TextRow row(kColSeq + 1);
+  TextRow row(kColCount);
   row[kColId] = "job-1";
   row[kColType] = "render";
   row[kColPayload] = "\\x7061796c6f6164";  // "payload"
@@ -61,6 +61,9 @@ TextRow FullRow() {
   row[kColUpdatedUs] = "1700000000300000";
   row[kColOwner] = "alice";
   row[kColSeq] = "42";
+  // Attempt 1 ran on worker-1 and was retried; its started time is known.
+  row[kColAttempts] =
+      R"({{1,worker-1,1699999999000000,1699999999100000,1699999999500000,"out of memory, GPU 0"}})";
   return row;
 }
 
@@ -91,6 +94,41 @@ TEST(JobFromRowTest, FullRowConvertsToTheJobItDescribes) {
   EXPECT_EQ(job->updated_at, absl::FromUnixMillis(1700000000300));
   EXPECT_EQ(job->owner, "alice");
   EXPECT_EQ(job->seq, 42);
+  ASSERT_EQ(job->earlier_attempts.size(), 1u);
+  const job::EndedAttempt& first = job->earlier_attempts[0];
+  EXPECT_EQ(first.attempt, 1);
+  EXPECT_EQ(first.worker_id, "worker-1");
+  EXPECT_EQ(first.dispatched_at, absl::FromUnixSeconds(1699999999));
+  EXPECT_EQ(first.started_at, absl::FromUnixMillis(1699999999100));
+  EXPECT_EQ(first.ended_at, absl::FromUnixMillis(1699999999500));
+  EXPECT_EQ(first.error, "out of memory, GPU 0");
+}
+
+TEST(JobFromRowTest, AnAttemptThatFailedBeforeItsAcceptHasNoStartTime) {
+  TextRow row = FullRow();
+  row[kColAttempts] =
+      R"({{1,worker-1,1699999999000000,"",1699999999500000,lost},{2,"",10,"",20,""}})";
+  absl::StatusOr<job::Job> job = JobFromRow(row);
+  ASSERT_THAT(job, IsOk());
+  ASSERT_EQ(job->earlier_attempts.size(), 2u);
+  EXPECT_EQ(job->earlier_attempts[0].started_at, absl::InfinitePast());
+  EXPECT_EQ(job->earlier_attempts[0].error, "lost");
+  EXPECT_EQ(job->earlier_attempts[1].attempt, 2);
+  EXPECT_EQ(job->earlier_attempts[1].worker_id, "");
+  EXPECT_EQ(job->earlier_attempts[1].ended_at, absl::FromUnixMicros(20));
+}
+
+TEST(JobFromRowTest, MalformedAttemptsAreInternalNamingTheJob) {
+  TextRow row = FullRow();
+  row[kColAttempts] = "{{1,worker-1,10,20,30}}";  // five fields
+  EXPECT_THAT(JobFromRow(row),
+              StatusIs(absl::StatusCode::kInternal, "job job-1: attempts: not six fields"));
+  row[kColAttempts] = "{{one,worker-1,10,20,30,x}}";
+  EXPECT_THAT(JobFromRow(row), StatusIs(absl::StatusCode::kInternal,
+                                        "job job-1: attempts: not an attempt number: \"one\""));
+  row[kColAttempts] = "{{1,worker-1,soon,20,30,x}}";
+  EXPECT_THAT(JobFromRow(row), StatusIs(absl::StatusCode::kInternal,
+                                        "job job-1: attempts: not a time in us: \"soon\""));
 }
 
 TEST(JobFromRowTest, NullsReadAsNone) {
@@ -98,7 +136,7 @@ TEST(JobFromRowTest, NullsReadAsNone) {
   for (Col col :
        {kColPayload, kColResourceId, kColFairnessKey, kColIdempotencyKey, kColDispatchDeadlineUs,
         kColNotBeforeUs, kColLabels, kColWorkerId, kColResult, kColError, kColDispatchedUs,
-        kColStartedUs, kColFinishedUs, kColUpdatedUs, kColOwner}) {
+        kColStartedUs, kColFinishedUs, kColUpdatedUs, kColOwner, kColAttempts}) {
     row[col] = std::nullopt;
   }
   absl::StatusOr<job::Job> job = JobFromRow(row);
@@ -118,6 +156,7 @@ TEST(JobFromRowTest, NullsReadAsNone) {
   EXPECT_EQ(job->finished_at, absl::InfinitePast());
   EXPECT_EQ(job->updated_at, absl::InfinitePast());
   EXPECT_EQ(job->owner, "");
+  EXPECT_TRUE(job->earlier_attempts.empty());
 }
 
 TEST(JobFromRowTest, CellsPastTheJobsColumnsAreIgnored) {
@@ -126,6 +165,7 @@ TEST(JobFromRowTest, CellsPastTheJobsColumnsAreIgnored) {
   absl::StatusOr<job::Job> job = JobFromRow(row);
   ASSERT_THAT(job, IsOk());
   EXPECT_EQ(job->seq, 42);
+  EXPECT_EQ(job->earlier_attempts.size(), 1u);
 }
 
 TEST(JobFromRowTest, ByteaWithZeroAndFfBytesRoundTrips) {
@@ -204,7 +244,7 @@ TEST(JobFromRowTest, NullSeqIsInternalNamingTheColumn) {
 TEST(JobFromRowTest, ShortRowIsInternal) {
   TextRow row = FullRow();
   row.pop_back();
-  EXPECT_THAT(JobFromRow(row), StatusIs(absl::StatusCode::kInternal, "22 columns"));
+  EXPECT_THAT(JobFromRow(row), StatusIs(absl::StatusCode::kInternal, "23 columns"));
 }
 
 TEST(RefFromRowTest, RowConvertsToTheRef) {
