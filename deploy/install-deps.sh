@@ -20,8 +20,9 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   # TLS and token digests (libssl-dev); test certificates (openssl)
   libssl-dev openssl
-  # systemd-analyze, to verify the units in deploy/
-  systemd
+  # systemd-analyze, to verify the units in deploy/; systemd-nspawn, to test the package under
+  # systemd where it is not PID 1 (deb_install_systemd)
+  systemd systemd-container
   # Database server (embedded mode and the test fixture)
   postgresql-15
   # Python SDK; its package builds offline with Debian's setuptools and wheel, and its test

@@ -162,8 +162,18 @@ echo "deb_install: a job ran through the packaged daemon and worker"
 
 # Stop as systemd does (SIGTERM): a clean stop exits 0 and stops the embedded PostgreSQL.
 if ((systemd)); then
+  stop_started=$(date +%s%N)
   systemctl stop dispatch-worker@embed.text.service dispatchd.service
+  stop_ms=$((($(date +%s%N) - stop_started) / 1000000))
   systemctl is-active --quiet dispatchd.service && fail "dispatchd still active after stop"
+  # systemd logs how the main process ended: a clean exit is "Deactivated successfully", a
+  # non-zero status or a kill at TimeoutStopSec= is "Failed with result".
+  journal=$(journalctl -u dispatchd.service --no-pager -o cat)
+  grep -q 'dispatchd.service: Deactivated successfully' <<<"$journal" || {
+    tail -n 30 <<<"$journal" >&2
+    fail "systemctl stop dispatchd: the daemon did not exit cleanly"
+  }
+  echo "deb_install: systemctl stop took ${stop_ms} ms; dispatchd.service deactivated successfully"
 else
   kill -TERM "$worker_pid"
   wait "$worker_pid" || fail "dispatch-worker exited $? after SIGTERM"
