@@ -60,7 +60,9 @@ struct EndedAttempt {
   int32_t attempt = 0;  // 1 for the first
   std::string worker_id;
   absl::Time dispatched_at = absl::InfinitePast();
-  absl::Time started_at = absl::InfinitePast();  // InfinitePast: it failed before its accept
+  // The accept, or for a failure that came before it, the end less the run time the worker
+  // reported; InfinitePast when neither is known.
+  absl::Time started_at = absl::InfinitePast();
   absl::Time ended_at = absl::InfinitePast();
   std::string error;
 };
@@ -85,9 +87,9 @@ struct Job {
   absl::Time started_at = absl::InfinitePast();
   absl::Time finished_at = absl::InfinitePast();
   absl::Time updated_at = absl::InfinitePast();
-  // The attempts before the current or last one, oldest first: `attempt - 1` of them (fewer only
-  // for a job retried before the store kept them). The current or last attempt is the fields
-  // above: worker_id, dispatched_at, started_at, finished_at and error.
+  // Every attempt that ended without ending the job, oldest first (none for a job retried before
+  // the store kept them). The attempt offered or running now, or the one the job ended with, is
+  // the fields above: worker_id, dispatched_at, started_at, finished_at and error.
   std::vector<EndedAttempt> earlier_attempts;
 };
 

@@ -254,10 +254,12 @@ std::vector<TimelineEvent> TimelineOf(const v1::Job& job) {
           job.earlier_attempts(job.earlier_attempts_size() - 1).dispatched_at()) ==
           google::protobuf::util::TimeUtil::TimestampToMicroseconds(job.dispatched_at());
   if (job.has_dispatched_at() && !latest_ended) {
-    // Not yet accepted, the attempt it is offered as is the next one.
+    // `attempt` counts the attempts accepted: one offered and not accepted is the next.
+    const bool accepted = job.has_started_at() || job.state() == v1::JOB_STATE_SUCCEEDED ||
+                          job.state() == v1::JOB_STATE_FAILED;
     out.push_back({"dispatched", job.dispatched_at(),
-                   absl::StrCat("attempt ", job.attempt() + (job.has_started_at() ? 0 : 1), of,
-                                " to worker ", job.worker_id())});
+                   absl::StrCat("attempt ", job.attempt() + (accepted ? 0 : 1), of, " to worker ",
+                                job.worker_id())});
     if (job.has_started_at()) {
       out.push_back({"started", job.started_at(),
                      absl::StrCat("attempt ", job.attempt(), of, " on worker ", job.worker_id())});

@@ -61,11 +61,16 @@ void Dispatcher::CommitTurn(absl::Time now) {
                .ran = w.ran});
           break;
         case WriteKind::kRetry:
-          writes.retries.push_back({.job_id = id,
-                                    .attempt = w.attempt,
-                                    .not_before = w.not_before,
-                                    .error = w.error,
-                                    .ran = w.ran});
+          // A failure that is not a result (a timeout, a lost worker) reports no run time; the
+          // accept, where it was seen, still dates the attempt's start for the row's history.
+          writes.retries.push_back(
+              {.job_id = id,
+               .attempt = w.attempt,
+               .not_before = w.not_before,
+               .error = w.error,
+               .ran = w.ran != absl::InfiniteDuration()
+                          ? w.ran
+                          : RanSince(at.started_at, now).value_or(absl::InfiniteDuration())});
           break;
         case WriteKind::kReturn:
           writes.returns.push_back({.job_id = id, .attempt = w.attempt});

@@ -264,11 +264,13 @@ CREATE TABLE fair_accounts (
 //
 // - `attempts` is a JSON array with one object per attempt that ended without ending the job
 //   (kRetry appends it): {"attempt", "worker", "dispatched_us", "started_us", "ended_us",
-//   "error"}, times in microseconds since the epoch, started_us null for a failure that overtook
-//   its accept. NULL until a job is first retried, so adding it rewrites nothing and a job that
-//   succeeds at once never writes it.
+//   "error"}, times in microseconds since the epoch; started_us is the accept, or for a failure
+//   that overtook it the end less the reported run time, null when neither is known. NULL until a
+//   job is first retried, so adding it rewrites nothing and a job that succeeds at once never
+//   writes it.
 // - A daemon of an earlier version runs on this schema unchanged (it never names the column), so
-//   a rolling upgrade and a rollback work; only a job it retries or ends loses its attempts.
+//   a rolling upgrade and a rollback work; only an attempt it retries goes unrecorded, and a job
+//   it ends loses its attempts.
 constexpr char kMigration9Attempts[] = R"sql(
 ALTER TABLE jobs_active ADD COLUMN attempts jsonb;
 ALTER TABLE jobs_done ADD COLUMN attempts jsonb;

@@ -77,7 +77,7 @@ absl::StatusOr<std::vector<job::EndedAttempt>> AttemptsFromCell(TextCell cell,
   if (!items.ok() || items->size() % kFields != 0) {
     return absl::InternalError(absl::StrCat(
         "job ", job_id,
-        ": attempts: ", items.ok() ? "not six fields an attempt" : items.status().message()));
+        ": attempts: ", items.ok() ? "want six fields per attempt" : items.status().message()));
   }
   auto time = [job_id](const std::string& us, absl::Time* t) {
     if (us.empty()) return absl::OkStatus();

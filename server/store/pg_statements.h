@@ -408,8 +408,9 @@ WHERE id = $1 AND )sql" DISPATCHD_PG_STATE_IS("", "'DISPATCHED' THEN attempt = $
 // $c. Each row is found and locked in a LATERAL subquery, which the planner must run once per
 // request (FOR UPDATE keeps it from being merged into a join), skipping rows that other sessions
 // hold; a row whose state or attempt moved on does not match. A row this statement has locked
-// cannot move, so the update finds it by its tuple id. `claimed` holds the ids claimed and their
-// payloads.
+// cannot move, so the update finds it by its tuple id. started_at is cleared: it was an earlier
+// attempt's (kept in `attempts`), and the new one has not started. `claimed` holds the ids
+// claimed and their payloads.
 #define DISPATCHD_PG_CLAIMS(a, b, c) \
   "c_req AS (SELECT * FROM unnest($" #a "::text[], $" #b "::int4[], $" #c "::text[]) "        \
   "AS r(id, attempt, worker_id)), "                                                           \
@@ -418,7 +419,8 @@ WHERE id = $1 AND )sql" DISPATCHD_PG_STATE_IS("", "'DISPATCHED' THEN attempt = $
   DISPATCHD_PG_STATE_IS("", "'QUEUED' THEN attempt = r.attempt")                             \
   " FOR UPDATE SKIP LOCKED) j WHERE EXISTS (SELECT 1 FROM fence)), "                          \
   "claimed AS (UPDATE jobs_active j SET state = 'DISPATCHED', worker_id = h.worker_id, "      \
-  "dispatched_at = now(), updated_at = now() FROM c_hit h WHERE j.ctid = h.tid "              \
+  "dispatched_at = now(), started_at = NULL, updated_at = now() FROM c_hit h "                \
+  "WHERE j.ctid = h.tid "                                                                     \
   "RETURNING j.id, j.payload)"
 
 // $1..$6 the finishes, $7 epoch. Returns the ids finished.

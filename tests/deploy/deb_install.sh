@@ -162,13 +162,20 @@ echo "deb_install: a job ran through the packaged daemon and worker"
 
 # Stop as systemd does (SIGTERM): a clean stop exits 0 and stops the embedded PostgreSQL.
 if ((systemd)); then
+  # systemd logs how the main process ended: a clean exit is "Deactivated successfully", a
+  # non-zero status or a kill at TimeoutStopSec= is "Failed with result". Read only what this stop
+  # logged (a persistent journal keeps earlier runs), once journald has it.
+  cursor=$(journalctl -n 0 --show-cursor 2>/dev/null | sed -n 's/^-- cursor: //p')
   stop_started=$(date +%s%N)
   systemctl stop dispatch-worker@embed.text.service dispatchd.service
   stop_ms=$((($(date +%s%N) - stop_started) / 1000000))
   systemctl is-active --quiet dispatchd.service && fail "dispatchd still active after stop"
-  # systemd logs how the main process ended: a clean exit is "Deactivated successfully", a
-  # non-zero status or a kill at TimeoutStopSec= is "Failed with result".
-  journal=$(journalctl -u dispatchd.service --no-pager -o cat)
+  journal=
+  for _ in $(seq 50); do
+    journal=$(journalctl -u dispatchd.service --no-pager -o cat ${cursor:+"--after-cursor=$cursor"})
+    grep -Eq 'dispatchd.service: (Deactivated successfully|Failed with result)' <<<"$journal" && break
+    sleep 0.1
+  done
   grep -q 'dispatchd.service: Deactivated successfully' <<<"$journal" || {
     tail -n 30 <<<"$journal" >&2
     fail "systemctl stop dispatchd: the daemon did not exit cleanly"

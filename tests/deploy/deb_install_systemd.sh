@@ -37,21 +37,26 @@ scripts=$(cd "$(dirname "$0")" && pwd)
 
 top=$(mktemp -d /tmp/dispatchd-nspawn.XXXXXX)
 nspawn_pid=
+leader=
 cleanup() {
   local rc=$?
   if [[ -n $nspawn_pid ]] && kill -0 "$nspawn_pid" 2>/dev/null; then
     # systemd-nspawn asks the container's systemd to power off, and waits for it.
     kill -TERM "$nspawn_pid" 2>/dev/null || true
     for _ in $(seq 1 300); do kill -0 "$nspawn_pid" 2>/dev/null || break; sleep 0.1; done
+    # Killing its PID 1 kills everything in the container's PID namespace.
+    if [[ -n $leader ]]; then kill -KILL "$leader" 2>/dev/null || true; fi
     kill -KILL "$nspawn_pid" 2>/dev/null || true
-    wait "$nspawn_pid" 2>/dev/null || true
   fi
-  umount "$top/root" 2>/dev/null || true
-  umount "$top" 2>/dev/null || true
-  rm -rf "$top"
+  if [[ -n $nspawn_pid ]]; then wait "$nspawn_pid" 2>/dev/null || true; fi
+  umount "$top/root" 2>/dev/null || umount -l "$top/root" 2>/dev/null || true
+  umount "$top" 2>/dev/null || umount -l "$top" 2>/dev/null || true
+  # Never a recursive delete through a mount that is still there (the overlay is all of /).
+  if ! mountpoint -q "$top"; then rm -rf --one-file-system "$top"; fi
   exit "$rc"
 }
 trap cleanup EXIT
+trap 'exit 143' TERM INT
 
 # The upper layer on a tmpfs of its own: overlayfs refuses an upper directory inside its lower.
 mount -t tmpfs -o size=4g,mode=0700 tmpfs "$top" || skip "cannot mount a tmpfs on $top"
@@ -68,36 +73,41 @@ systemd-nspawn --quiet -D "$top/root" --machine="dispatchd-deb-$$" --register=no
   >"$top/nspawn.log" 2>&1 &
 nspawn_pid=$!
 
-# The container's PID 1, as this machine sees it: the child of systemd-nspawn running systemd.
-leader=
-for _ in $(seq 1 300); do
-  kill -0 "$nspawn_pid" 2>/dev/null || break
-  leader=$(pgrep -P "$nspawn_pid" -x systemd || true)
-  [[ -n $leader ]] && break
-  sleep 0.1
-done
-if [[ -z $leader ]]; then
-  cat "$top/nspawn.log" >&2 || true
-  skip "systemd-nspawn did not boot a container here"
-fi
-inside() { nsenter -t "$leader" -a "$@"; }
-# Until its bus is up systemctl cannot ask; then it waits for the boot to finish.
+# The container's PID 1 as this machine sees it (the child of systemd-nspawn running systemd),
+# then its boot: until its bus is up systemctl cannot ask, then --wait waits for the boot to end.
+# One deadline for both, well inside ctest's timeout, so that the script always cleans up itself.
 state=
-for _ in $(seq 1 600); do
-  state=$(timeout 120 nsenter -t "$leader" -a systemctl is-system-running --wait 2>/dev/null ||
-    true)
-  [[ -n $state && $state != offline ]] && break
-  sleep 0.1
+deadline=$((SECONDS + 90))
+while ((SECONDS < deadline)) && kill -0 "$nspawn_pid" 2>/dev/null; do
+  [[ -n $leader ]] || leader=$(pgrep -P "$nspawn_pid" -x systemd || true)
+  if [[ -n $leader ]]; then
+    state=$(timeout "$((deadline - SECONDS + 1))" nsenter -t "$leader" -a \
+      systemctl is-system-running --wait 2>/dev/null || true)
+    [[ -z $state || $state == offline ]] || break
+  fi
+  sleep 0.2
 done
-echo "deb_install_systemd: container booted, systemd $(inside systemctl --version | head -1 |
+case $state in
+  running | degraded) ;;
+  "" | offline)
+    cat "$top/nspawn.log" >&2 || true
+    skip "systemd did not come up in a systemd-nspawn container here (its output is above)"
+    ;;
+  *)
+    cat "$top/nspawn.log" >&2 || true
+    fail "the container's system is $state"
+    ;;
+esac
+inside() { nsenter -t "$leader" -a "$@"; }
+echo "deb_install_systemd: container up: systemd $(inside systemctl --version | head -1 |
   cut -d' ' -f2) as PID 1, system $state"
-[[ $state == running || $state == degraded ]] || fail "the container's system is $state"
 
 rc=0
-inside env CI=true DISPATCHD_TEST_DEB_INSTALL=1 PATH=/usr/sbin:/usr/bin:/sbin:/bin \
-  bash "$scripts/deb_install.sh" "$deb_dir" "$version" || rc=$?
+timeout 240 nsenter -t "$leader" -a env CI=true DISPATCHD_TEST_DEB_INSTALL=1 \
+  PATH=/usr/sbin:/usr/bin:/sbin:/bin bash "$scripts/deb_install.sh" "$deb_dir" "$version" || rc=$?
 case $rc in
   0) echo "deb_install_systemd: ok" ;;
   77) skip "deb_install.sh skipped itself in the container (see above)" ;;
+  124) fail "deb_install.sh did not finish within 240 s under systemd" ;;
   *) fail "deb_install.sh failed under systemd (exit $rc)" ;;
 esac

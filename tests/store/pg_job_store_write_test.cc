@@ -213,6 +213,7 @@ TEST_F(PgJobStoreTest, EachRetryKeepsTheAttemptItEndedThroughToTheJobsEnd) {
   ASSERT_THAT(store_->Claim({{.job_id = "j_1", .attempt = 1, .worker_id = "w2"}}),
               IsOkAndHolds(ElementsAre("j_1")));
   const Job dispatched = Get("j_1");
+  EXPECT_EQ(dispatched.started_at, absl::InfinitePast());  // attempt 1's start is history now
   absl::StatusOr<TurnOutcome> turn = store_->WriteTurn(
       {.retries = {
            {.job_id = "j_1", .attempt = 2, .error = "CUDA error", .ran = absl::Seconds(2)}}});

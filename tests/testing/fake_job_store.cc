@@ -289,6 +289,7 @@ bool FakeJobStore::ClaimOne(const store::ClaimRequest& req, absl::Time now, std:
   job->state = JobState::kDispatched;
   job->worker_id = req.worker_id;
   job->dispatched_at = now;
+  job->started_at = absl::InfinitePast();  // an earlier attempt's; this one has not started
   job->updated_at = now;
   if (payload != nullptr) *payload = job->spec.payload;
   return true;

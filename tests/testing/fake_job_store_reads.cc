@@ -18,10 +18,11 @@ bool IsPlaced(JobState state) {
   return state == JobState::kDispatched || state == JobState::kRunning;
 }
 
-// The dispatcher's loads leave payloads in the database: a claim returns them.
+// The dispatcher's loads leave payloads and earlier attempts in the database, as PgJobStore's.
 job::Job WithoutPayload(const job::Job& job) {
   job::Job out = job;
   out.spec.payload.clear();
+  out.earlier_attempts.clear();
   return out;
 }
 
@@ -112,6 +113,7 @@ absl::StatusOr<std::vector<job::Job>> FakeJobStore::SearchJobs(const store::JobS
     job::Job listed = *job;
     listed.spec.payload.clear();
     listed.result.clear();
+    listed.earlier_attempts.clear();
     out.push_back(std::move(listed));
   }
   return out;

@@ -121,8 +121,8 @@ TEST(JobFromRowTest, AnAttemptThatFailedBeforeItsAcceptHasNoStartTime) {
 TEST(JobFromRowTest, MalformedAttemptsAreInternalNamingTheJob) {
   TextRow row = FullRow();
   row[kColAttempts] = "{{1,worker-1,10,20,30}}";  // five fields
-  EXPECT_THAT(JobFromRow(row),
-              StatusIs(absl::StatusCode::kInternal, "job job-1: attempts: not six fields"));
+  EXPECT_THAT(JobFromRow(row), StatusIs(absl::StatusCode::kInternal,
+                                        "job job-1: attempts: want six fields per attempt"));
   row[kColAttempts] = "{{one,worker-1,10,20,30,x}}";
   EXPECT_THAT(JobFromRow(row), StatusIs(absl::StatusCode::kInternal,
                                         "job job-1: attempts: not an attempt number: \"one\""));
