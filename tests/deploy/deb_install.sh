@@ -14,19 +14,10 @@ set -euo pipefail
 
 deb_dir=${1:?deb dir}
 version=${2:?version}
-skip() {
-  echo "deb_install: skipped: $*"
-  exit 77
-}
-fail() {
-  echo "deb_install: $*" >&2
-  exit 1
-}
-
-if [[ $(id -u) != 0 ]]; then skip "it installs a package: run as root with CI=true"; fi
-if [[ ${CI:-} != true && ${DISPATCHD_TEST_DEB_INSTALL:-} != 1 ]]; then
-  skip "it installs a package on this machine: set CI=true or DISPATCHD_TEST_DEB_INSTALL=1"
-fi
+test_name=deb_install
+# shellcheck source=tests/deploy/deb_common.sh
+source "$(dirname "$0")/deb_common.sh"
+require_consent "it installs a package"
 if dpkg-query -W -f='${db:Status-Status}' dispatchd 2>/dev/null | grep -qv '^not-installed$'; then
   skip "a dispatchd package is installed here already; it is left alone"
 fi

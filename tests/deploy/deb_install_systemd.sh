@@ -14,19 +14,10 @@ set -euo pipefail
 
 deb_dir=${1:?deb dir}
 version=${2:?version}
-skip() {
-  echo "deb_install_systemd: skipped: $*"
-  exit 77
-}
-fail() {
-  echo "deb_install_systemd: $*" >&2
-  exit 1
-}
-
-if [[ $(id -u) != 0 ]]; then skip "it boots a container: run as root with CI=true"; fi
-if [[ ${CI:-} != true && ${DISPATCHD_TEST_DEB_INSTALL:-} != 1 ]]; then
-  skip "it boots a container on this machine: set CI=true or DISPATCHD_TEST_DEB_INSTALL=1"
-fi
+test_name=deb_install_systemd
+# shellcheck source=tests/deploy/deb_common.sh
+source "$(dirname "$0")/deb_common.sh"
+require_consent "it boots a container"
 if [[ -d /run/systemd/system ]]; then
   skip "systemd is PID 1 here: deb_install runs under it already"
 fi
