@@ -62,7 +62,7 @@ class TextCell {
 // A row read back from PostgreSQL, one cell per column in the statement's order.
 using TextRow = std::vector<TextCell>;
 
-// A job from a row whose columns are DISPATCHD_PG_JOB_COLUMNS (enum Col in pg_statements.h);
+// A job from a row whose columns are DISPATCHD_PG_JOB_COLUMNS (enum Col in pg_job_columns.h);
 // cells from kColCount on are ignored. Text columns read NULL as empty, a NULL dispatch deadline
 // as InfiniteDuration, NULL times as InfinitePast and NULL attempts as none; payload and result
 // are bytea text (hex or escape format). Internal, naming the job and the column, for a row no

@@ -10,6 +10,7 @@
 #include "pqxx/transaction"
 
 #include "lib/util/check.h"
+#include "server/store/pg_job_columns.h"
 
 namespace dispatchd::store {
 
@@ -40,39 +41,6 @@ struct Statement {
   Access access = Access::kPoint;
 };
 
-// Columns of a job, in the order RowToJob reads them (see enum Col), with `payload`, `result` and
-// `attempts` the expressions read as those columns.
-#define DISPATCHD_PG_JOB_COLUMNS_OF(payload, result, attempts)                \
-  "id, type, " payload                                                        \
-  ", resource_id, fairness_key, "                                             \
-  "idempotency_key, max_attempts, timeout_ms, "                               \
-  "(extract(epoch FROM dispatch_deadline_at - created_at) * 1000000)::int8, " \
-  "(extract(epoch FROM not_before) * 1000000)::int8, "                        \
-  "ARRAY(SELECT ARRAY[key, value] FROM jsonb_each_text(labels)), "            \
-  "state, attempt, worker_id, " result                                        \
-  ", error, "                                                                 \
-  "(extract(epoch FROM created_at) * 1000000)::int8, "                        \
-  "(extract(epoch FROM dispatched_at) * 1000000)::int8, "                     \
-  "(extract(epoch FROM started_at) * 1000000)::int8, "                        \
-  "(extract(epoch FROM finished_at) * 1000000)::int8, "                       \
-  "(extract(epoch FROM updated_at) * 1000000)::int8, owner, seq, " attempts
-// The earlier attempts (migration 9) as a flat text array, six elements an attempt: attempt,
-// worker, dispatched_us, started_us, ended_us, error ('' for none); NULL for none.
-#define DISPATCHD_PG_ATTEMPTS_ARRAY                                                           \
-  "CASE WHEN attempts IS NULL THEN NULL ELSE ARRAY(SELECT ARRAY[a->>'attempt', "              \
-  "coalesce(a->>'worker', ''), coalesce(a->>'dispatched_us', ''), "                           \
-  "coalesce(a->>'started_us', ''), coalesce(a->>'ended_us', ''), coalesce(a->>'error', '')] " \
-  "FROM jsonb_array_elements(attempts) WITH ORDINALITY AS e(a, n) ORDER BY n) END"
-#define DISPATCHD_PG_JOB_COLUMNS \
-  DISPATCHD_PG_JOB_COLUMNS_OF("payload", "result", DISPATCHD_PG_ATTEMPTS_ARRAY)
-// A search lists jobs: neither payloads, results nor attempts leave the database.
-#define DISPATCHD_PG_JOB_COLUMNS_LISTED \
-  DISPATCHD_PG_JOB_COLUMNS_OF("''::bytea", "NULL::bytea", "NULL::text[]")
-// The dispatcher's loads leave payloads and attempts in the database: a claim returns the
-// payload, and the dispatcher has no use for the attempts.
-#define DISPATCHD_PG_JOB_COLUMNS_NO_PAYLOAD \
-  DISPATCHD_PG_JOB_COLUMNS_OF("''::bytea", "result", "NULL::text[]")
-
 #define DISPATCHD_PG_ACTIVE_STATES "('QUEUED', 'DISPATCHED', 'RUNNING')"
 
 // Fencing. Each write the leader makes to a job names the leader epoch it holds in parameter $n
@@ -95,34 +63,6 @@ struct Statement {
 // `j.id` is `key`, written so that the planner can use it only to probe jobs_pkey for each value
 // of `key` (see the batch writes below).
 #define DISPATCHD_PG_KEY_IS(key) "j.id = ANY(ARRAY[" key "])"
-
-enum Col {
-  kColId,
-  kColType,
-  kColPayload,
-  kColResourceId,
-  kColFairnessKey,
-  kColIdempotencyKey,
-  kColMaxAttempts,
-  kColTimeoutMs,
-  kColDispatchDeadlineUs,
-  kColNotBeforeUs,
-  kColLabels,  // text[][]: {{key,value},...}
-  kColState,
-  kColAttempt,
-  kColWorkerId,
-  kColResult,
-  kColError,
-  kColCreatedUs,
-  kColDispatchedUs,
-  kColStartedUs,
-  kColFinishedUs,
-  kColUpdatedUs,
-  kColOwner,
-  kColSeq,
-  kColAttempts,  // text[], DISPATCHD_PG_ATTEMPTS_ARRAY
-  kColCount,     // the first column after a job's
-};
 
 // Inserts jobs in one statement, in array order (so seq follows it): $1 ids, $2 types, $3
 // payloads (hex), $4 resource ids, $5 fairness keys, $6 idempotency keys, $7 label keys and $8
