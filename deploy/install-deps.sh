@@ -16,6 +16,8 @@ PACKAGES=(
   # Libraries
   libabsl-dev libspdlog-dev libfmt-dev libyaml-cpp-dev libpqxx-dev libpq-dev libcli11-dev
   libcpp-httplib-dev libsystemd-dev
+  # The allocator dispatchd and dispatch-worker link (DISPATCHD_TCMALLOC)
+  libtcmalloc-minimal4
   # Tests and benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev
   # TLS and token digests (libssl-dev); test certificates (openssl)

@@ -77,7 +77,7 @@ cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_CXX_COMPILER=g++ -DCMAKE_CXX_FLAGS="$flags" \
   -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O0 -g1 -DNDEBUG" \
   -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" \
-  -DDISPATCHD_BUILD_TESTS=ON -DDISPATCHD_BUILD_BENCH=OFF >/dev/null
+  -DDISPATCHD_BUILD_TESTS=ON -DDISPATCHD_BUILD_BENCH=OFF -DDISPATCHD_TCMALLOC=OFF >/dev/null
 ninja -C "$BUILD_DIR" -j "$JOBS" tests/unit/all tests/store/all
 build_s=$((SECONDS - start))
 echo "sanitize: build took ${build_s}s"

@@ -3,14 +3,17 @@
 # its control fields (name, version, Depends from dpkg-shlibdeps and PostgreSQL 15, the conffile,
 # the maintainer scripts), that every promised file is in it, that the binaries extracted from it
 # run (`--version`), and that its systemd units name the packaged binaries and config and pass
-# `systemd-analyze verify`. Leaves the package in OUT_DIR for deb_install.sh.
+# `systemd-analyze verify`. With TCMALLOC (the library the build linked, DISPATCHD_TCMALLOC), also
+# that the package depends on it and that the packaged daemon and worker allocate with it. Leaves
+# the package in OUT_DIR for deb_install.sh.
 #
-#   tests/deploy/deb_package.sh BUILD_DIR OUT_DIR VERSION
+#   tests/deploy/deb_package.sh BUILD_DIR OUT_DIR VERSION [TCMALLOC]
 set -euo pipefail
 
 build=$(cd "${1:?build dir}" && pwd)
 out=${2:?output dir}
 version=${3:?version}
+tcmalloc=${4:-}
 fail() {
   echo "deb_package: $*" >&2
   exit 1
@@ -80,6 +83,17 @@ for bin in dispatchd dispatchctl dispatch-worker; do
   [[ $got == "$bin $version" ]] || fail "$bin --version printed \"$got\", expected \"$bin $version\""
   echo "deb_package: $got"
 done
+if [[ -n $tcmalloc ]]; then
+  # dpkg-shlibdeps names the library's package; the dynamic linker binds malloc to it.
+  grep -q "\(^\|, \)libtcmalloc-minimal4\( \|,\|$\)" <<<"$depends" ||
+    fail "Depends lacks libtcmalloc-minimal4: $depends"
+  for bin in dispatchd dispatch-worker; do
+    bindings=$(LD_DEBUG=bindings "$root/usr/bin/$bin" --version 2>&1 >/dev/null)
+    grep -q "to [^ ]*/libtcmalloc_minimal[^ ]* \[0\]: normal symbol \`malloc'" <<<"$bindings" ||
+      fail "$bin does not allocate with tcmalloc"
+  done
+  echo "deb_package: dispatchd and dispatch-worker allocate with tcmalloc"
+fi
 cmp "$root/etc/dispatchd/dispatchd.yaml" "$(dirname "$0")/../../config/dispatchd.yaml" ||
   fail "the packaged config is not config/dispatchd.yaml"
 

@@ -58,7 +58,8 @@ echo "fuzz: === build ($BUILD_DIR) ==="
 # Dispatcher::WorkerMessage). g++ builds are not affected.
 CC=clang-14 CXX=clang++-14 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -gline-tables-only -D_GLIBCXX_ASSERTIONS -DFMT_CONSTEVAL=" \
-  -DDISPATCHD_FUZZ=ON -DDISPATCHD_BUILD_TESTS=OFF -DDISPATCHD_BUILD_BENCH=OFF >/dev/null
+  -DDISPATCHD_FUZZ=ON -DDISPATCHD_BUILD_TESTS=OFF -DDISPATCHD_BUILD_BENCH=OFF \
+  -DDISPATCHD_TCMALLOC=OFF >/dev/null
 ninja -C "$BUILD_DIR" -j "$JOBS" "${targets[@]}"
 echo "fuzz: build took $((SECONDS - start))s"
 
