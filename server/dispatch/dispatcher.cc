@@ -120,6 +120,12 @@ void Dispatcher::Stop() {
 void Dispatcher::Post(absl::AnyInvocable<void()> task) {
   absl::MutexLock l(&mu_);
   tasks_.push_back(std::move(task));
+  wake_ = true;
+}
+
+void Dispatcher::PostUnhurried(absl::AnyInvocable<void()> task) {
+  absl::MutexLock l(&mu_);
+  tasks_.push_back(std::move(task));
 }
 
 bool Dispatcher::JobQueued(job::Job& job, sched::Reservation& reservation) {
@@ -129,6 +135,7 @@ bool Dispatcher::JobQueued(job::Job& job, sched::Reservation& reservation) {
     loop_role_.Assert();
     TakeQueued(std::move(job), std::move(reservation));
   });
+  wake_ = true;
   return true;
 }
 
@@ -271,12 +278,13 @@ void Dispatcher::Loop() {
       absl::Duration wait = std::clamp(wake - now, absl::ZeroDuration(), kSweepInterval);
       mu_.AwaitWithTimeout(absl::Condition(
                                +[](Dispatcher* d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(d->mu_) {
-                                 return d->stopping_ || !d->tasks_.empty();
+                                 return d->stopping_ || d->wake_;
                                },
                                this),
                            wait);
       if (stopping_) return;
       batch.swap(tasks_);
+      wake_ = false;
     }
     last_loop_ns_.store(absl::ToUnixNanos(absl::Now()));
     for (absl::AnyInvocable<void()>& task : batch) task();

@@ -210,7 +210,12 @@ class Dispatcher final : public store::Placer {
     size_t rows = 0;
   };
 
+  // Queues `task` for the loop and wakes it.
   void Post(absl::AnyInvocable<void()> task) ABSL_LOCKS_EXCLUDED(mu_);
+  // Queues `task` without waking the loop: it runs, in order with every other task, when the loop
+  // next wakes, within kSweepInterval. For what no one waits on, such as a heartbeat: a fleet's
+  // heartbeats then cost the loop a few wakeups a second instead of one each.
+  void PostUnhurried(absl::AnyInvocable<void()> task) ABSL_LOCKS_EXCLUDED(mu_);
   // Runs `task` on the loop and waits for it (at most 10 s; not at all once stopping). False if
   // it did not run in time: the task may still run later, so the caller must not read what it
   // writes.
@@ -368,6 +373,8 @@ class Dispatcher final : public store::Placer {
   // Posted tasks. A task dropped unrun (Stop) drops what it holds: a JobQueued task's admission
   // reservation is then counted, as the next term loads the row.
   std::deque<absl::AnyInvocable<void()>> tasks_ ABSL_GUARDED_BY(mu_);
+  // A task that wakes the loop is among them (every one but PostUnhurried's).
+  bool wake_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // Every link handed to WorkerConnected, so that Stop() can close those whose Hello never ran.
   std::vector<std::weak_ptr<WorkerLink>> links_ ABSL_GUARDED_BY(mu_);

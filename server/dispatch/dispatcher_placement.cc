@@ -37,6 +37,7 @@ void Dispatcher::Place(std::vector<job::Job>& jobs) {
       PlaceNow(*target, clock_.TimeNow());
       call->done = true;
     });
+    wake_ = true;
   }
   absl::MutexLock cl(&call->mu);
   if (!call->mu.AwaitWithTimeout(absl::Condition(&call->done), kPlaceWait)) {

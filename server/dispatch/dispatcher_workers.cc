@@ -56,7 +56,10 @@ void Dispatcher::WorkerConnected(std::shared_ptr<WorkerLink> link, v1::Hello hel
 }
 
 void Dispatcher::WorkerMessage(std::shared_ptr<WorkerLink> link, v1::WorkerMessage msg) {
-  Post([this, link = std::move(link), msg = std::move(msg)] {
+  // A heartbeat waits for the loop's next wake: the worker expects no answer, and what it reports
+  // (its jobs, memory, resident models, that it lives) is as good a fraction of a second later.
+  const bool unhurried = msg.msg_case() == v1::WorkerMessage::kHeartbeat;
+  auto task = [this, link = std::move(link), msg = std::move(msg)] {
     loop_role_.Assert();
     const absl::Time now = clock_.TimeNow();
     std::string worker_id = WorkerIdOf(link);
@@ -95,7 +98,12 @@ void Dispatcher::WorkerMessage(std::shared_ptr<WorkerLink> link, v1::WorkerMessa
         link->Close(absl::InvalidArgumentError("msg: empty worker message"));
         break;
     }
-  });
+  };
+  if (unhurried) {
+    PostUnhurried(std::move(task));
+  } else {
+    Post(std::move(task));
+  }
 }
 
 void Dispatcher::WorkerDisconnected(std::shared_ptr<WorkerLink> link) {

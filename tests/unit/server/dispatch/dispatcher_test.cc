@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
@@ -542,6 +543,25 @@ TEST_F(DispatcherTest, TwoMissedHeartbeatsRequeueTheJob) {
   EXPECT_NE(std::find(cancels.begin(), cancels.end(), std::pair<std::string, int32_t>{"j1", 1}),
             cancels.end());
   EXPECT_EQ(dispatcher_->repairs(), 1);
+}
+
+// A heartbeat does not wake the loop (PostUnhurried), but it is never overtaken: whatever the
+// worker sent after it, and any call that reads the loop's state, sees it applied.
+TEST_F(DispatcherTest, AHeartbeatIsAppliedBeforeAnythingThatCameAfterIt) {
+  Start();
+  auto w1 = Connect("w1");
+  for (int64_t used : {int64_t{1} << 30, int64_t{5} << 30, int64_t{3} << 30}) {
+    v1::WorkerMessage m;
+    m.mutable_heartbeat()->set_ram_used_bytes(used);
+    m.mutable_heartbeat()->set_ram_total_bytes(int64_t{100} << 30);
+    m.mutable_heartbeat()->add_models_resident(absl::StrCat("m", used >> 30));
+    Send(w1, std::move(m));
+    std::vector<v1::WorkerInfo> workers = dispatcher_->Workers();
+    ASSERT_EQ(workers.size(), 1u);
+    EXPECT_EQ(workers[0].ram_used_bytes(), used);
+    ASSERT_EQ(workers[0].models_resident_size(), 1);
+    EXPECT_EQ(workers[0].models_resident(0), absl::StrCat("m", used >> 30));
+  }
 }
 
 }  // namespace
