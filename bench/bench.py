@@ -63,6 +63,11 @@ Scenarios:
           heartbeat while the fleet idles, model loads against their lower bound; then the same
           with one worker flapping every second, and with --join (100) more joining at once
           when half the jobs have been dispatched. See bench/fleet.py and bench/README.md.
+  heartbeats
+          the daemon's CPU per heartbeat with --fleet-workers (1000) simulated workers connected
+          and idle (no job), every --heartbeat-interval (1 s): over --idle-s (5) seconds once
+          all have connected, and again --settle-s (60) seconds later, less its CPU with no
+          worker.
   security
           drain and latency, each with security off (plaintext loopback, no authentication)
           and on (TLS with an openssl-made P-256 certificate for 127.0.0.1, bearer tokens: a
@@ -506,11 +511,14 @@ def target_check(key, value):
     text = f"target {'≥' if op == '>=' else '≤'} {target}: {ratio:.2f}x, {'met' if met else 'not met'}"
     return text, {"target": target, "op": op, "ratio": round(ratio, 3), "met": met}
 
+# The drain's target against the peer: its median jobs/s at least this many times the peer's.
+PEER_DRAIN_TARGET = 1.5
+
 SCENARIOS = {"drain": run_drain, "backlog": run_backlog, "retained": run_retained,
              "e2e": run_e2e, "submitted": run_submitted, "turncost": run_turncost,
              "latency": run_latency, "lab": run_lab, "security": run_security,
              "ceiling": ceiling.run_ceiling, "profile": profile.run_profile,
-             "fleet": fleet.run_fleet}
+             "fleet": fleet.run_fleet, "heartbeats": fleet.run_heartbeats}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -703,15 +711,16 @@ def main():
         ratio_best = med["jobs_per_s"] / peer["best"]
         print(f"  {'graphile-worker':<{width}}  median {peer['median']:g} jobs/s, best {peer['best']}, "
               f"runs {peer['runs']}")
-        verdict = "met" if ratio >= 1.0 else "MISSED"
-        print(f"  {'ratio':<{width}}  {ratio:.2f}x graphile-worker's median    (target >= 1.0: {verdict}); "
-              f"{ratio_best:.2f}x its best")
+        met = ratio >= PEER_DRAIN_TARGET
+        print(f"  {'ratio':<{width}}  {ratio:.2f}x graphile-worker's median    (target >= "
+              f"{PEER_DRAIN_TARGET}: {'met' if met else 'MISSED'}); {ratio_best:.2f}x its best")
         med["peer_median_jobs_per_s"] = peer["median"]
         med["peer_best_jobs_per_s"] = peer["best"]
         med["ratio_to_peer_median"] = round(ratio, 3)
         med["ratio_to_peer_best"] = round(ratio_best, 3)
-        targets["ratio_to_peer_median"] = {"target": 1.0, "op": ">=", "ratio": round(ratio, 3),
-                                           "met": ratio >= 1.0}
+        targets["ratio_to_peer_median"] = {"target": PEER_DRAIN_TARGET, "op": ">=",
+                                           "ratio": round(ratio / PEER_DRAIN_TARGET, 3),
+                                           "met": met}
 
     out = args.out or f"bench-{args.scenario}-{time.strftime('%Y%m%d-%H%M%S')}"
     doc = {"scenario": args.scenario, "command": command, "started": started,

@@ -59,6 +59,8 @@ def add_arguments(p):
     g.add_argument("--join", type=int, default=100, help="workers that join at once mid-run")
     g.add_argument("--flap-every", default="1s", help="the flapping worker's period")
     g.add_argument("--idle-s", type=float, default=5, help="idle window for the heartbeat cost")
+    g.add_argument("--settle-s", type=float, default=60,
+                   help="heartbeats: seconds between the first idle window and the second")
     g.add_argument("--heartbeat-interval", type=float, default=1.0,
                    help="the daemon's heartbeat_interval, seconds")
     g.add_argument("--fleet-probes", type=int, default=300,
@@ -355,6 +357,50 @@ def four_worker_latency(b, i):
         d.stop_workers()
         return probe_figures(d, a, rec, d.start_logs, "w4_")
     finally:
+        d.stop()
+        d.drop()
+
+
+def run_heartbeats(b, i):
+    """One run of the `heartbeats` scenario: a daemon with no job, and --fleet-workers simulated
+    workers that connect and only heartbeat. The daemon's CPU per heartbeat over --idle-s seconds
+    once they have all connected, and again --settle-s seconds later: gRPC probes each new
+    connection's bandwidth with a PING when data arrives, at intervals that grow while its
+    estimate holds, so a fleet's first minute costs more than its steady state."""
+    a = b.args
+    d = Daemon(b, f"heartbeats-{i}")
+    extra = [f"heartbeat_interval: {int(a.heartbeat_interval * 1000)}ms", "limits:",
+             f"  worker_streams_per_principal: {a.fleet_workers + 10}"]
+    fl = Fleet(b, d, a)
+    try:
+        d.serve_metrics()
+        d.start(fleet_types(a), extra=extra)
+        alone = idle_cpu(d, a)
+        spawned = time.time()
+        fl.spawn(a.fleet_workers, 1)
+        while d.metrics().get(("dispatchd_workers", ""), 0) < a.fleet_workers:
+            d.check_alive()
+            fl.check_alive()
+            if time.time() > spawned + a.timeout:
+                raise BenchError(f"heartbeats: the fleet did not connect in {a.timeout} s; "
+                                 f"logs in {d.dir}")
+            time.sleep(0.2)
+        connect_s = time.time() - spawned
+        first = heartbeat_cost(d, a, alone)
+        time.sleep(a.settle_s)
+        settled = heartbeat_cost(d, a, alone)
+        fl.check_alive()
+        fl.stop()
+        return {"workers": a.fleet_workers, "heartbeats_per_s": first["heartbeats_per_s"],
+                "connect_s": round(connect_s, 2),
+                "no_workers_daemon_cpu_share": first["no_workers_daemon_cpu_share"],
+                "connected_daemon_cpu_share": first["idle_daemon_cpu_share"],
+                "settled_daemon_cpu_share": settled["idle_daemon_cpu_share"],
+                "connected_daemon_cpu_us_per_heartbeat": first["daemon_cpu_us_per_heartbeat"],
+                "settled_daemon_cpu_us_per_heartbeat": settled["daemon_cpu_us_per_heartbeat"]}
+    finally:
+        for p in fl.procs:
+            p.kill()
         d.stop()
         d.drop()
 
