@@ -85,7 +85,7 @@ for bin in dispatchd dispatchctl dispatch-worker; do
 done
 if [[ -n $tcmalloc ]]; then
   # dpkg-shlibdeps names the library's package; the dynamic linker binds malloc to it.
-  grep -q "\(^\|, \)libtcmalloc-minimal4\( \|,\|$\)" <<<"$depends" ||
+  grep -q "\(^\|, \)libtcmalloc-minimal4[0-9.a-z-]*\( \|,\|$\)" <<<"$depends" ||
     fail "Depends lacks libtcmalloc-minimal4: $depends"
   for bin in dispatchd dispatch-worker; do
     bindings=$(LD_DEBUG=bindings "$root/usr/bin/$bin" --version 2>&1 >/dev/null)
