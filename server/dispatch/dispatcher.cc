@@ -375,73 +375,9 @@ bool Dispatcher::RunOnLoop(std::function<void()> task) {
   return done->WaitForNotificationWithTimeout(absl::Seconds(10));
 }
 
-sched::SchedulerStats Dispatcher::SchedulerStats(size_t max_keys) {
-  auto out = std::make_shared<sched::SchedulerStats>();
-  // A late task may still write *out: read it only if the loop ran it in time.
-  if (!RunOnLoop([this, out, max_keys] {
-        loop_role_.Assert();
-        *out = scheduler_.Stats(clock_.TimeNow(), max_keys);
-        pager_.ForEachUnheld([&](const QueueId& queue, int64_t unheld) {
-          loop_role_.Assert();
-          scheduler_.AddQueued(*out, queue.first, queue.second, unheld);
-        });
-      })) {
-    return {};
-  }
-  return *out;
-}
-
 void Dispatcher::Repaired(const char* kind) {
   ++repairs_;
   metrics::Metrics().accounting_repairs.With({kind}).Inc();
-}
-
-std::optional<sched::WaitInfo> Dispatcher::WhyWaiting(const job::Job& job, bool* paged_out) {
-  auto out = std::make_shared<std::optional<sched::WaitInfo>>();
-  auto outside = std::make_shared<bool>(false);
-  if (!RunOnLoop([this, out, outside, id = job.id, queue = QueueOf(job), seq = job.seq] {
-        loop_role_.Assert();
-        if (scheduler_.IsPending(id)) {
-          *out = scheduler_.WhyWaiting(id, clock_.TimeNow());
-          return;
-        }
-        if (pager_.PagedOut(queue, seq)) {
-          // In line behind every job of its queue held here.
-          *outside = true;
-          *out = sched::WaitInfo{.reason = sched::WaitReason::kInLine,
-                                 .position = scheduler_.queued_of(queue.first, queue.second) + 1};
-        }
-      })) {
-    return std::nullopt;
-  }
-  if (paged_out != nullptr) *paged_out = *outside;
-  return *out;
-}
-
-bool Dispatcher::SetRateLimit(const std::string& rate_key, config::RateLimit limit) {
-  auto out = std::make_shared<bool>(false);
-  bool ran = RunOnLoop([this, out, rate_key, limit] {
-    loop_role_.Assert();
-    *out = scheduler_.SetRateLimit(rate_key, limit, clock_.TimeNow());
-    if (*out) {
-      server::Log("dispatch")
-          ->info("rate limit set key={} per_second={} burst={}", rate_key, limit.per_second,
-                 limit.burst);
-    }
-  });
-  return ran && *out;
-}
-
-bool Dispatcher::SetTenantWeight(const std::string& tenant, double weight) {
-  auto out = std::make_shared<bool>(false);
-  bool ran = RunOnLoop([this, out, tenant, weight] {
-    loop_role_.Assert();
-    *out = scheduler_.SetTenantWeight(tenant, weight, clock_.TimeNow());
-    if (*out) {
-      server::Log("dispatch")->info("tenant weight set tenant={} weight={}", tenant, weight);
-    }
-  });
-  return ran && *out;
 }
 
 Dispatcher::TypeMetrics& Dispatcher::MetricsOf(const std::string& type) {
@@ -457,17 +393,6 @@ Dispatcher::TypeMetrics& Dispatcher::MetricsOf(const std::string& type) {
 void Dispatcher::ObserveRun(const Held& h, absl::Time now) {
   if (h.at.started_at == absl::InfinitePast()) return;  // never accepted: it did not run
   MetricsOf(h.job.spec.type).run_time->Observe(absl::ToDoubleSeconds(now - h.at.started_at));
-}
-
-bool Dispatcher::UpdateConfig(config::Config config) {
-  return RunOnLoop([this, config = std::move(config)]() mutable {
-    loop_role_.Assert();
-    config_ = std::move(config);
-    scheduler_.UpdateConfig(config_, clock_.TimeNow());
-    for (const std::string& warning : config_.Warnings()) {
-      server::Log("dispatch")->warn("{}", warning);
-    }
-  });
 }
 
 void Dispatcher::Sweep(absl::Time now) {

@@ -117,6 +117,7 @@ class Dispatcher final : public store::Placer {
 
   // Connected workers, by rank. Waits for the loop.
   std::vector<v1::WorkerInfo> Workers();
+  // dispatcher_admin.cc, from here to UpdateConfig.
   // The scheduler's queues, caps, buckets and the `max_keys` lowest-cost keys. Waits for the loop.
   sched::SchedulerStats SchedulerStats(size_t max_keys = SIZE_MAX);
   // Why a queued job waits and its place in line; nullopt if the daemon holds no such queued

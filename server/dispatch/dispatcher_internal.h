@@ -4,8 +4,7 @@
 
 #include "absl/time/time.h"
 
-// The dispatcher's timings and limits, shared by its source files (dispatcher.cc,
-// dispatcher_turns.cc, dispatcher_workers.cc).
+// The dispatcher's timings and limits, shared by its source files (dispatcher*.cc).
 namespace dispatchd::dispatch {
 
 inline constexpr absl::Duration kSweepInterval = absl::Milliseconds(200);
