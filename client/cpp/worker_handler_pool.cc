@@ -186,7 +186,9 @@ void Worker::HandleAssign(const std::shared_ptr<Session>& session, const v1::Ass
         break;
       case Action::kAcceptAgain:
         log->info("accepted again job={} attempt={} (already held)", a.job_id(), a.attempt());
-        if (ans.resend.has_value() && ans.written) session->SendResult(*ans.resend);
+        if (ans.resend.has_value() && ans.written) {
+          session->SendResult(*ans.resend, /*others_running=*/false);
+        }
         break;
       case Action::kAcceptNew: {
         const JobKey& key = ans.job->key;
@@ -270,9 +272,11 @@ void Worker::RunJob(std::shared_ptr<RunningJob> job) {
 
   std::shared_ptr<Session> session;
   bool dropped;
+  bool others_running;
   {
     absl::MutexLock l(&mu_);
     running_.erase(key);
+    others_running = !running_.empty();
     dropped = job->drop_result;
     if (!dropped) {
       results_.Keep(key, result);
@@ -287,7 +291,7 @@ void Worker::RunJob(std::shared_ptr<RunningJob> job) {
   }
   log->info("finished job={} attempt={} ok={} run_time={}{}{}", key.first, key.second, outcome.ok,
             absl::FormatDuration(run_time), outcome.ok ? "" : " error=", outcome.message);
-  if (session != nullptr) session->SendResult(std::move(result));
+  if (session != nullptr) session->SendResult(std::move(result), others_running);
 }
 
 }  // namespace dispatchd::client

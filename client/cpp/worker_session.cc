@@ -61,7 +61,7 @@ void Session::Close() {
   closed_ = true;
 }
 
-void Session::SendResult(v1::Result result) {
+void Session::SendResult(v1::Result result, bool others_running) {
   if (!batching_) {
     v1::WorkerMessage m;
     *m.mutable_result() = std::move(result);
@@ -74,6 +74,9 @@ void Session::SendResult(v1::Result result) {
     if (flushing_) return;
     flushing_ = true;
   }
+  // Without this, each handler that finishes writes its own result while the others are still
+  // returning: about one write per job under load. One yield lets them join this write.
+  if (others_running) std::this_thread::yield();
   while (true) {
     v1::WorkerMessage m;
     {
@@ -334,7 +337,9 @@ void Worker::HandleWelcome(const std::shared_ptr<Session>& session, const v1::We
   for (const JobKey& key : dropped) {
     log->warn("cancelled job={} attempt={} reason=not re-adopted", key.first, key.second);
   }
-  for (v1::Result& result : resend) session->SendResult(std::move(result));
+  for (v1::Result& result : resend) {
+    session->SendResult(std::move(result), /*others_running=*/false);
+  }
   if (draining) {
     v1::WorkerMessage m;
     m.mutable_draining();

@@ -63,7 +63,13 @@ class Session {
   // wait for it and then go together in one Batch, written by whichever thread finds the outbox
   // unattended: a lone result is written at once, and under load one write carries many. A
   // result whose write fails stays unacknowledged and is sent again after the next Welcome.
-  void SendResult(v1::Result result) ABSL_LOCKS_EXCLUDED(write_mu_, out_mu_);
+  //
+  // `others_running` says that other jobs of this worker were still running when this one
+  // finished. The thread that finds the outbox unattended then yields the CPU once before it
+  // writes: jobs that finish together (the jobs of one Assign, typically) add their results in
+  // the meantime, and one write carries them all instead of one write each. A result that is
+  // the worker's last is written at once.
+  void SendResult(v1::Result result, bool others_running) ABSL_LOCKS_EXCLUDED(write_mu_, out_mu_);
 
  private:
   // Results in one Batch at most (a larger result goes alone), well below the daemon's limit on
