@@ -31,6 +31,7 @@ def drain_once(b, name, jobs, finished=0, security=None):
         queue_noop_jobs(d.url, jobs, "noop")
         wal0 = psql(d.url, "SELECT pg_current_wal_lsn()")[0][0]
         started = time.time()
+        d.serve_metrics()
         load_s = d.start(["noop"])
         busy0, daemon0 = machine_busy(), cpu_seconds(d.proc.pid)
         d.start_workers(a.workers, ["noop"], a.slots)
@@ -46,6 +47,7 @@ def drain_once(b, name, jobs, finished=0, security=None):
             time.sleep(0.5)
         busy1, daemon1 = machine_busy(), cpu_seconds(d.proc.pid)
         workers_cpu = sum(cpu_seconds(w.pid) or 0 for w in d.workers)
+        metrics = d.metrics()
         row = psql(d.url, "SELECT count(*), extract(epoch FROM max(finished_at) - "
                           "min(dispatched_at)), count(*) FILTER (WHERE state = 'SUCCEEDED'), "
                           "extract(epoch FROM min(dispatched_at)) "
@@ -61,6 +63,12 @@ def drain_once(b, name, jobs, finished=0, security=None):
                "first_dispatch_s": round(float(row[3]) - started, 2),
                "daemon_peak_rss_mib": round(peak_rss / 1024, 1),
                "wal_bytes_per_job": round(float(wal) / n)}
+        # Messages on the worker streams per job, each way (None from a daemon without the
+        # counter): the jobs one message carries is most of what a stream costs.
+        for direction in ("received", "sent"):
+            m = metrics.get(("dispatchd_worker_stream_messages_total",
+                             f'direction="{direction}"'))
+            out[f"worker_messages_{direction}_per_job"] = None if m is None else round(m / n, 3)
         out.update(cpu_figures("", n, busy0, busy1, {
             "daemon": None if daemon0 is None or daemon1 is None else daemon1 - daemon0,
             "workers": workers_cpu}))

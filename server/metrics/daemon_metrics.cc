@@ -92,6 +92,11 @@ DaemonMetrics::DaemonMetrics()
       worker_redirects(registry.AddCounter(
           "dispatchd_worker_redirects_total",
           "Worker streams this daemon, as a standby, answered with the leader's address.")),
+      worker_stream_messages(registry.AddCounter(
+          "dispatchd_worker_stream_messages_total",
+          "Messages on worker streams, by direction: received (a Batch of answers and results "
+          "counts once) or sent (an Assign of many jobs counts once).",
+          {"direction"})),
       accounting_repairs(registry.AddCounter(
           "dispatchd_accounting_repairs_total",
           "Drifts the leader found and repaired, by kind: lost_on_worker, not_own, "

@@ -53,6 +53,8 @@ struct DaemonMetrics {
   Family<Counter>& leader_step_downs;
   Family<Counter>& lease_lapses;
   Family<Counter>& worker_redirects;
+  // Messages on worker streams, by direction: received (a Batch counts once) or sent.
+  Family<Counter>& worker_stream_messages;
   // Drifts the leader's dispatcher found and repaired, by kind (`repair` below).
   Family<Counter>& accounting_repairs;
   // Results of an attempt that is not current (the job ended, or was retried): acknowledged so

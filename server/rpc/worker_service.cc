@@ -80,6 +80,7 @@ class WorkerStream final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc
       Close(parsed);
       return;
     }
+    received_.Inc();
     if (!said_hello_) {
       absl::Status s = in_.has_hello() ? CheckHello(in_.hello(), max_id_bytes_)
                                        : absl::InvalidArgumentError(
@@ -168,6 +169,7 @@ class WorkerStream final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc
       absl::MutexLock l(&mu_);
       if (close_requested_) return;
       out_.push_back(std::move(raw));
+      sent_.Inc();
       if (!writing_) {
         writing_ = true;
         first = &out_.front();
@@ -202,6 +204,8 @@ class WorkerStream final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc
   grpc::ByteBuffer raw_in_;  // touched only by the read chain
   v1::WorkerMessage in_;     // raw_in_ parsed
   bool said_hello_ = false;
+  metrics::Counter& received_ = metrics::Metrics().worker_stream_messages.With({"received"});
+  metrics::Counter& sent_ = metrics::Metrics().worker_stream_messages.With({"sent"});
 
   absl::Mutex mu_;
   std::deque<grpc::ByteBuffer> out_ ABSL_GUARDED_BY(mu_);  // front is being written

@@ -74,7 +74,7 @@ TEST_F(MetricsTest, SeriesExistAndMoveAsJobsFlow) {
         "dispatchd_jobs_running gauge", "dispatchd_rate_limit_tokens gauge",
         "dispatchd_rate_limit_waiting gauge", "dispatchd_workers gauge",
         "dispatchd_worker_slots gauge", "dispatchd_worker_model_loads_total counter",
-        "dispatchd_leader gauge"}) {
+        "dispatchd_worker_stream_messages_total counter", "dispatchd_leader gauge"}) {
     EXPECT_THAT(page, HasSubstr(absl::StrCat("# TYPE ", family, "\n"))) << family;
   }
   EXPECT_EQ(Sample(page, "dispatchd_leader"), 1);
@@ -131,6 +131,10 @@ TEST_F(MetricsTest, SeriesExistAndMoveAsJobsFlow) {
   EXPECT_EQ(Sample(page, R"(dispatchd_worker_model_loads_total{worker="w"})"), 1)
       << "m1 was loaded once";
   EXPECT_EQ(Sample(page, R"(dispatchd_rate_limit_waiting{model="m1"})"), 0);
+  // The worker's stream carried its Hello, its accepts and its results; the daemon's, the
+  // Welcome and the assignments.
+  EXPECT_GE(Sample(page, R"(dispatchd_worker_stream_messages_total{direction="received"})"), 3);
+  EXPECT_GE(Sample(page, R"(dispatchd_worker_stream_messages_total{direction="sent"})"), 2);
   EXPECT_EQ(httplib::Client(address.substr(0, address.rfind(':')),
                             std::stoi(address.substr(address.rfind(':') + 1)))
                 .Get("/nothing-here")
