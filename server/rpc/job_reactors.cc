@@ -21,22 +21,22 @@ namespace {
 
 using job::JobState;
 
-// RunSync: queue the job, then finish when it reaches a terminal state, reading the row once.
-// Work runs on the executor; OnDone waits for tasks still holding `this` before deleting it.
+// RunSync: queue the job, then finish when it reaches a terminal state, answering from the row its
+// finish committed. The answer is built on the executor, not on the dispatcher's thread that
+// publishes the change; OnDone waits for tasks still holding `this` before deleting it.
 class RunSyncReactor final : public grpc::ServerUnaryReactor {
  public:
   RunSyncReactor(JobServiceImpl& service, store::JobStore& store, dispatch::JobEvents& events,
                  server::Executor& executor, grpc::CallbackServerContext* ctx,
-                 auth::Principal caller, v1::RunSyncRequest request, grpc::ByteBuffer* response)
+                 const auth::Principal& caller, v1::RunSyncRequest request,
+                 grpc::ByteBuffer* response)
       : store_(store),
         events_(events),
         executor_(executor),
         ctx_(ctx),
         request_(std::move(request)),
         raw_response_(response) {
-    Run([this, &service, caller = std::move(caller), peer = ctx->peer()] {
-      Begin(service, request_, caller, peer);
-    });
+    Begin(service, request_, caller, ctx->peer());
   }
 
   void OnCancel() override {
@@ -71,9 +71,10 @@ class RunSyncReactor final : public grpc::ServerUnaryReactor {
     });
   }
 
-  // Runs once, from the constructor (before OnDone can run, so it always runs): Admit and
-  // Enqueue settle the admission reservation whatever happens to the call afterwards. The insert
-  // completes on the inserter's thread; it counts as in flight until then.
+  // Runs once, in the constructor on gRPC's thread (so before OnDone, and always), as Submit's
+  // admission does: Admit and Enqueue neither block nor read the store, and settle the admission
+  // reservation whatever happens to the call afterwards. The insert completes on the inserter's
+  // thread; it counts as in flight until then.
   void Begin(JobServiceImpl& service, const v1::RunSyncRequest& req, const auth::Principal& caller,
              const std::string& peer) {
     absl::Duration retry_after = absl::ZeroDuration();
@@ -322,10 +323,11 @@ class WatchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 grpc::ServerUnaryReactor* NewRunSyncReactor(JobServiceImpl& service, store::JobStore& store,
                                             dispatch::JobEvents& events, server::Executor& executor,
                                             grpc::CallbackServerContext* ctx,
-                                            auth::Principal caller, v1::RunSyncRequest request,
+                                            const auth::Principal& caller,
+                                            v1::RunSyncRequest request,
                                             grpc::ByteBuffer* response) {
-  return new RunSyncReactor(service, store, events, executor, ctx, std::move(caller),
-                            std::move(request), response);
+  return new RunSyncReactor(service, store, events, executor, ctx, caller, std::move(request),
+                            response);
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* NewWatchReactor(

@@ -24,8 +24,8 @@ namespace dispatchd::rpc {
 grpc::ServerUnaryReactor* NewRunSyncReactor(JobServiceImpl& service, store::JobStore& store,
                                             dispatch::JobEvents& events, server::Executor& executor,
                                             grpc::CallbackServerContext* ctx,
-                                            auth::Principal caller, v1::RunSyncRequest request,
-                                            grpc::ByteBuffer* response);
+                                            const auth::Principal& caller,
+                                            v1::RunSyncRequest request, grpc::ByteBuffer* response);
 
 // Watch: streams job `job_id` as `caller` may see it, then one event per committed change,
 // ending after a terminal state. A `caller` that is not OK (refused, or a request that did not

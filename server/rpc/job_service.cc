@@ -283,8 +283,8 @@ grpc::ServerUnaryReactor* JobServiceImpl::RunSync(grpc::CallbackServerContext* c
     reactor->Finish(server::ToGrpcStatus(refused));
     return reactor;
   }
-  return NewRunSyncReactor(*this, store_, events_, executor_, ctx, *std::move(caller),
-                           std::move(req), response);
+  return NewRunSyncReactor(*this, store_, events_, executor_, ctx, *caller, std::move(req),
+                           response);
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::Status(grpc::CallbackServerContext* ctx,
