@@ -30,8 +30,8 @@ def drain_once(b, name, jobs, finished=0, security=None):
             keep_finished_jobs(d.url, finished, "noop")
         queue_noop_jobs(d.url, jobs, "noop")
         wal0 = psql(d.url, "SELECT pg_current_wal_lsn()")[0][0]
-        started = time.time()
         d.serve_metrics()
+        started = time.time()
         load_s = d.start(["noop"])
         busy0, daemon0 = machine_busy(), cpu_seconds(d.proc.pid)
         d.start_workers(a.workers, ["noop"], a.slots)

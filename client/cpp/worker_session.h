@@ -25,7 +25,7 @@ namespace v1 = ::dispatchd::v1;
 //   auto session = std::make_shared<Session>(target, credentials);
 //   session->Connect();
 //   session->Write(hello);
-//   while (session->Read(&message)) { ... session->SendResult(result); ... }
+//   while (session->Read(&message)) { ... session->SendResult(result, others_running); ... }
 //   session->Close();
 //   grpc::Status status = session->Finish();
 //

@@ -95,7 +95,7 @@ DaemonMetrics::DaemonMetrics()
       worker_stream_messages(registry.AddCounter(
           "dispatchd_worker_stream_messages_total",
           "Messages on worker streams, by direction: received (a Batch of answers and results "
-          "counts once) or sent (an Assign of many jobs counts once).",
+          "counts once) or sent (written to the stream; an Assign of many jobs counts once).",
           {"direction"})),
       accounting_repairs(registry.AddCounter(
           "dispatchd_accounting_repairs_total",
@@ -131,6 +131,7 @@ DaemonMetrics::DaemonMetrics()
   for (const char* reason : {"resource_exhausted", "unsupported", "draining", "unspecified"}) {
     worker_refusals.With({reason});
   }
+  for (const char* direction : {"received", "sent"}) worker_stream_messages.With({direction});
 }
 
 DaemonMetrics& Metrics() {

@@ -83,7 +83,7 @@ class RunSyncReactor final : public grpc::ServerUnaryReactor {
         service.Admit(absl::MakeConstSpan(&spec, 1), caller, peer, "", &retry_after);
     if (!jobs.ok()) {
       absl::MutexLock l(&mu_);
-      // Trailers must be added before Finish; OnCancel may have finished the call already.
+      // Trailers must be added before Finish.
       if (!finished_ && absl::IsResourceExhausted(jobs.status())) {
         ctx_->AddTrailingMetadata(kRetryAfterTrailer, RetryAfterMillis(retry_after));
       }
@@ -119,8 +119,9 @@ class RunSyncReactor final : public grpc::ServerUnaryReactor {
                     });
   }
 
-  // Waits for `job_id` to end: from now on its terminal change reads the row and answers. Runs
-  // on the executor (from Begin) or on the inserter's thread, never on both at once.
+  // Waits for `job_id` to end: from now on its terminal change answers (from the row its finish
+  // committed, or by reading it). Runs on gRPC's thread (from Begin) or on the inserter's
+  // thread, never on both at once.
   void Follow(const std::string& job_id) {
     {
       absl::MutexLock l(&mu_);

@@ -20,7 +20,8 @@ namespace dispatchd::rpc {
 
 // RunSync: admits and queues `request`'s job as `caller`'s through `service`, then finishes the
 // call with the job's record once it reaches a terminal state (CANCELLED if the caller goes away
-// first; the job goes on). Work runs on `executor`; the reactor deletes itself when gRPC is done.
+// first; the job goes on). The admission and the queueing run on the calling thread, the reads
+// and the answer on `executor`; the reactor deletes itself when gRPC is done.
 grpc::ServerUnaryReactor* NewRunSyncReactor(JobServiceImpl& service, store::JobStore& store,
                                             dispatch::JobEvents& events, server::Executor& executor,
                                             grpc::CallbackServerContext* ctx,

@@ -123,6 +123,7 @@ class WorkerStream final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc
     {
       absl::MutexLock l(&mu_);
       out_.pop_front();
+      if (ok) sent_.Inc();
       if (!ok) out_.clear();
       if (!out_.empty()) {
         next = &out_.front();
@@ -169,7 +170,6 @@ class WorkerStream final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc
       absl::MutexLock l(&mu_);
       if (close_requested_) return;
       out_.push_back(std::move(raw));
-      sent_.Inc();
       if (!writing_) {
         writing_ = true;
         first = &out_.front();

@@ -79,6 +79,8 @@ TEST_F(MetricsTest, SeriesExistAndMoveAsJobsFlow) {
   }
   EXPECT_EQ(Sample(page, "dispatchd_leader"), 1);
   EXPECT_EQ(Sample(page, "dispatchd_workers"), 0);
+  EXPECT_EQ(Sample(page, R"(dispatchd_worker_stream_messages_total{direction="received"})"), 0);
+  EXPECT_EQ(Sample(page, R"(dispatchd_worker_stream_messages_total{direction="sent"})"), 0);
   EXPECT_EQ(Sample(page, R"(dispatchd_rate_limit_tokens{model="m1"})"), 5);
 
   // Jobs queued with no worker to run them; one refused for an unknown type.
