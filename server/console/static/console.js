@@ -24,7 +24,7 @@ function h(tag, attrs, ...children) {
   }
   for (const c of children.flat()) {
     if (c === undefined || c === null) continue;
-    el.append(c instanceof Node ? c : document.createTextNode(String(c)));
+    el.append(c);  // an element as it is, anything else as its text
   }
   return el;
 }
