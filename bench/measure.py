@@ -18,7 +18,8 @@ from harness import (
 
 def drain_once(b, name, jobs, finished=0, security=None):
     """One drain: `jobs` queued no-op jobs (after `finished` SUCCEEDED ones kept for Status),
-    loaded by a fresh daemon and drained by the workers. Figures from the job rows. With
+    loaded by a fresh daemon and drained by the workers. Figures from the job rows, but for the
+    messages on worker streams, from the daemon's /metrics. With
     `security` (harness.Security) the daemon serves TLS and checks tokens, and the workers
     present theirs."""
     a = b.args
