@@ -289,6 +289,10 @@ def main():
                    help="graphile-worker's concurrency for its latency probes")
     p.add_argument("--pg-url", help="use this PostgreSQL server (a database per run is created)")
     p.add_argument("--build", default=os.path.join(REPO, "build"))
+    p.add_argument("--pool-size", type=int,
+                   help="the daemon's postgres.pool_size (default: the daemon's own default)")
+    p.add_argument("--turns-in-flight", type=int,
+                   help="the daemon's postgres.turns_in_flight (default: the daemon's own default)")
     p.add_argument("--out",
                    help="write OUT.json, OUT.csv and OUT.png (default bench-SCENARIO-TIME)")
     p.add_argument("--no-plot", action="store_true",

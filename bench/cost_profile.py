@@ -31,6 +31,7 @@ for its WAL flush is in no statement's row, only in the backends' CPU and the wa
 Python 3 standard library only.
 """
 
+import argparse
 import os
 import time
 
@@ -281,9 +282,20 @@ def flood(b, i, variant, argv, jobs):
 VARIANTS = ("drain", "submit", "batch", "runsync")
 
 
+def parse_variants(text):
+    """--variants: a comma-separated list of VARIANTS, each named at most once."""
+    names = [v.strip() for v in text.split(",") if v.strip()]
+    unknown = [v for v in names if v not in VARIANTS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown variant {', '.join(unknown) or '(none given)'}: choose from "
+            f"{','.join(VARIANTS)}")
+    return list(dict.fromkeys(names))
+
+
 def add_arguments(p):
     g = p.add_argument_group("profile")
-    g.add_argument("--variants", type=lambda v: v.split(","), default=list(VARIANTS),
+    g.add_argument("--variants", type=parse_variants, default=list(VARIANTS),
                    help="profile: the ways jobs arrive, comma-separated (default "
                         f"{','.join(VARIANTS)})")
 

@@ -144,7 +144,10 @@ class Daemon:
             *extra,
             "postgres:",
             f"  url: {yaml_str(self.url)}",
-        ] + (["scheduler:", f"  policy: {policy}"] if policy else []) + (
+        ] + [f"  {k}: {v}" for k, v in (("pool_size", getattr(self.b.args, "pool_size", None)),
+                                        ("turns_in_flight",
+                                         getattr(self.b.args, "turns_in_flight", None)))
+             if v is not None] + (["scheduler:", f"  policy: {policy}"] if policy else []) + (
             self.security.config_lines() if self.security else []) + [
             "types:",
         ]

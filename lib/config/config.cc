@@ -250,6 +250,10 @@ absl::Status Config::Validate() const {
   if (postgres.pool_size < 1 || postgres.pool_size > 256) {
     return Bad("postgres.pool_size", absl::StrCat("must be in [1, 256], got ", postgres.pool_size));
   }
+  if (postgres.turns_in_flight < 0 || postgres.turns_in_flight > 64) {
+    return Bad("postgres.turns_in_flight",
+               absl::StrCat("must be in [0, 64], got ", postgres.turns_in_flight));
+  }
   if (postgres.connect_wait < absl::ZeroDuration()) {
     return Bad("postgres.connect_wait", "must not be negative");
   }
@@ -472,6 +476,8 @@ Config MergeReload(const Config& running, const Config& loaded,
   differs("retention", running.retention, loaded.retention);
   differs("postgres.url", running.postgres.url, loaded.postgres.url);
   differs("postgres.pool_size", running.postgres.pool_size, loaded.postgres.pool_size);
+  differs("postgres.turns_in_flight", running.postgres.turns_in_flight,
+          loaded.postgres.turns_in_flight);
   differs("postgres.embedded_user", running.postgres.embedded_user, loaded.postgres.embedded_user);
   differs("postgres.bin_dir", running.postgres.bin_dir, loaded.postgres.bin_dir);
   differs("postgres.connect_wait", running.postgres.connect_wait, loaded.postgres.connect_wait);

@@ -117,8 +117,8 @@ constexpr absl::string_view kTopKeys[] = {"listen",
                                           "tiers",
                                           "types",
                                           "tenants"};
-constexpr absl::string_view kPostgresKeys[] = {"url", "pool_size", "embedded_user", "bin_dir",
-                                               "connect_wait"};
+constexpr absl::string_view kPostgresKeys[] = {"url",           "pool_size", "turns_in_flight",
+                                               "embedded_user", "bin_dir",   "connect_wait"};
 constexpr absl::string_view kSchedulerKeys[] = {"policy", "cost_alpha", "key_ttl", "queue_window"};
 constexpr absl::string_view kOverflowHookKeys[] = {"command", "interval", "timeout"};
 constexpr absl::string_view kHaKeys[] = {"lease", "advertise_address"};
@@ -404,6 +404,9 @@ config::Config ParseRoot(const YAML::Node& root) {
                             [&](const std::string& k, const std::string& f, const YAML::Node& pv) {
                               if (k == "url") c.postgres.url = String(pv, f);
                               if (k == "pool_size") c.postgres.pool_size = IntInRange(pv, f);
+                              if (k == "turns_in_flight") {
+                                c.postgres.turns_in_flight = IntInRange(pv, f);
+                              }
                               if (k == "embedded_user") c.postgres.embedded_user = String(pv, f);
                               if (k == "bin_dir") c.postgres.bin_dir = String(pv, f);
                               if (k == "connect_wait") c.postgres.connect_wait = Duration(pv, f);

@@ -26,6 +26,7 @@ void LogFinished(const std::string& job_id, job::JobState state, int32_t attempt
 Dispatcher::Dispatcher(config::Config config, store::JobStore& store, Clock& clock,
                        JobEvents& events, sched::AdmissionGate& admission)
     : config_(std::move(config)),
+      max_turns_in_flight_(config_.postgres.TurnsInFlight(std::thread::hardware_concurrency())),
       store_(store),
       clock_(clock),
       events_(events),
@@ -72,12 +73,13 @@ absl::Status Dispatcher::Start() {
   server::Log("dispatch")
       ->info(
           "recovered queued={} held_in_memory={} queues={} paged_queues={} "
-          "held_by_workers={} grace={}",
+          "held_by_workers={} grace={} turns_in_flight={}",
           static_cast<int64_t>(heads->jobs.size()) + waiting, heads->jobs.size(),
           heads->queues.size(), pager_.windows(), placed->size(),
-          absl::FormatDuration(config_.orphan_grace));
+          absl::FormatDuration(config_.orphan_grace), max_turns_in_flight_);
   next_reconcile_ = now + kReconcileInterval;
-  writer_ = std::make_unique<TurnWriter>(store_, kWriterThreads);
+  // A thread per turn in flight, and one for the reads, the expiry and the accounts.
+  writer_ = std::make_unique<TurnWriter>(store_, max_turns_in_flight_ + 1);
   loop_ = std::thread([this] {
     server::SetThreadName("dispatch-loop");
     Loop();

@@ -366,6 +366,8 @@ class Dispatcher final : public store::Placer {
   // once it has joined it.
   util::ThreadRole loop_role_;
   config::Config config_ ABSL_GUARDED_BY(loop_role_);  // UpdateConfig replaces it on the loop
+  // postgres.turns_in_flight as the dispatcher started (a reload does not change it).
+  const int max_turns_in_flight_;
   store::JobStore& store_;  // read at Start only; everything after goes through writer_
   Clock& clock_;
   JobEvents& events_;

@@ -12,10 +12,6 @@ inline constexpr absl::Duration kExpiryInterval = absl::Seconds(1);
 // How long writes and dispatching pause after the store failed a turn.
 inline constexpr absl::Duration kStoreErrorPause = absl::Seconds(1);
 inline constexpr size_t kMaxDispatchesPerRound = 512;
-// Turns whose writes are in the database at once (CommitTurn), and the writer's threads: one
-// more, for the reads, the expiry and the accounts.
-inline constexpr int kMaxTurnsInFlight = 2;
-inline constexpr int kWriterThreads = kMaxTurnsInFlight + 1;
 // How often the scheduler's derived counts are recounted (Scheduler::Audit).
 inline constexpr absl::Duration kAuditInterval = absl::Seconds(10);
 // How often the jobs held here are compared with the database (reconciler.h).

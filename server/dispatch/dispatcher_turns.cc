@@ -21,9 +21,9 @@ using job::JobState;
 using job::WriteKind;
 
 void Dispatcher::CommitTurn(absl::Time now) {
-  // At most kMaxTurnsInFlight at once, and none while the reconcile waits to run or reads: a
-  // finished turn wakes the loop (its completion is a task), which comes back here.
-  if (turns_in_flight_ >= kMaxTurnsInFlight || reconcile_due_ || reconcile_in_flight_) return;
+  // At most postgres.turns_in_flight at once, and none while the reconcile waits to run or
+  // reads: a finished turn wakes the loop (its completion is a task), which comes back here.
+  if (turns_in_flight_ >= max_turns_in_flight_ || reconcile_due_ || reconcile_in_flight_) return;
   Turn turn;
   store::TurnWrites writes;
   next_flush_ = absl::InfiniteFuture();

@@ -216,6 +216,26 @@ TEST(YamlConfigTest, LimitsDefaultsAndTheAutomaticMessageLimit) {
   EXPECT_EQ(big->MaxMessageBytes(), (16 << 20) + (1 << 20));
 }
 
+TEST(YamlConfigTest, ParsesThePoolAndTurnsInFlight) {
+  absl::StatusOr<config::Config> c =
+      Parse("postgres:\n  pool_size: 12\n  turns_in_flight: 6\ntypes:\n  - name: echo\n");
+  ASSERT_THAT(c, IsOk());
+  EXPECT_EQ(c->postgres.pool_size, 12);
+  EXPECT_EQ(c->postgres.turns_in_flight, 6);
+  EXPECT_EQ(c->postgres.TurnsInFlight(2), 6);
+
+  c = Parse("types:\n  - name: echo\n");
+  ASSERT_THAT(c, IsOk());
+  EXPECT_EQ(c->postgres.pool_size, 8);
+  EXPECT_EQ(c->postgres.turns_in_flight, 0);  // by the cores
+
+  for (const char* bad : {"turns_in_flight: 65", "turns_in_flight: -1", "turns_in_flight: many"}) {
+    SCOPED_TRACE(bad);
+    EXPECT_THAT(Parse(absl::StrCat("postgres:\n  ", bad, "\ntypes:\n  - name: echo\n")),
+                StatusIs(absl::StatusCode::kInvalidArgument, "postgres.turns_in_flight"));
+  }
+}
+
 TEST(YamlConfigTest, RefusesLimitsOutOfRangeNamingTheKey) {
   const std::pair<std::string, std::string> cases[] = {
       {"max_message_bytes: 100000", "limits.max_message_bytes"},  // under payload + 64 KiB

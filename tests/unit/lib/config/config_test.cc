@@ -203,6 +203,28 @@ TEST(ConfigTest, QueueWindowIsBounded) {
   }
 }
 
+TEST(ConfigTest, TurnsInFlightIsBoundedAndZeroFollowsTheCores) {
+  Config c = ValidConfig();
+  EXPECT_EQ(c.postgres.turns_in_flight, 0);
+  EXPECT_EQ(c.postgres.TurnsInFlight(2), 2);
+  EXPECT_EQ(c.postgres.TurnsInFlight(7), 2);
+  EXPECT_EQ(c.postgres.TurnsInFlight(8), 4);
+  EXPECT_EQ(c.postgres.TurnsInFlight(64), 4);
+  for (int good : {0, 1, 3, 64}) {
+    c.postgres.turns_in_flight = good;
+    EXPECT_THAT(c.Validate(), IsOk()) << good;
+  }
+  c.postgres.turns_in_flight = 3;
+  EXPECT_EQ(c.postgres.TurnsInFlight(2), 3);  // a number set is taken as it is
+  EXPECT_EQ(c.postgres.TurnsInFlight(16), 3);
+  for (int bad : {-1, 65}) {
+    c.postgres.turns_in_flight = bad;
+    EXPECT_THAT(c.Validate(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                       "postgres.turns_in_flight: must be in [0, 64]"))
+        << bad;
+  }
+}
+
 TEST(ConfigTest, MaxActiveMustBePositive) {
   Config c = ValidConfig();
   c.max_active = 0;
@@ -302,6 +324,7 @@ TEST(MergeReloadTest, TakesTheReloadableKeysAndNamesTheRestartOnlyOnes) {
   loaded.log_level = "debug";
   loaded.listen = "0.0.0.0:7411";
   loaded.postgres.url = "postgresql://elsewhere/db";
+  loaded.postgres.turns_in_flight = 6;
   loaded.metrics.listen = "";
   loaded.limits.submit = RateLimit{.per_second = 5, .burst = 5};
   loaded.limits.watches_per_principal = 7;
@@ -310,9 +333,9 @@ TEST(MergeReloadTest, TakesTheReloadableKeysAndNamesTheRestartOnlyOnes) {
 
   std::vector<std::string> restart_only;
   const Config merged = MergeReload(running, loaded, &restart_only);
-  EXPECT_THAT(restart_only,
-              ::testing::UnorderedElementsAre("listen", "postgres.url", "metrics.listen",
-                                              "limits.max_message_bytes"));
+  EXPECT_THAT(restart_only, ::testing::UnorderedElementsAre(
+                                "listen", "postgres.url", "metrics.listen",
+                                "limits.max_message_bytes", "postgres.turns_in_flight"));
   EXPECT_EQ(merged.limits.submit, loaded.limits.submit);
   EXPECT_EQ(merged.limits.watches_per_principal, 7);
   EXPECT_EQ(merged.limits.max_message_bytes, 0);  // gRPC's limit is set at start
@@ -326,6 +349,7 @@ TEST(MergeReloadTest, TakesTheReloadableKeysAndNamesTheRestartOnlyOnes) {
   // The restart-only keys keep their running values.
   EXPECT_EQ(merged.listen, running.listen);
   EXPECT_EQ(merged.postgres.url, running.postgres.url);
+  EXPECT_EQ(merged.postgres.turns_in_flight, running.postgres.turns_in_flight);
   EXPECT_EQ(merged.metrics.listen, running.metrics.listen);
 }
 
