@@ -84,6 +84,14 @@ class ProfileTest(unittest.TestCase):
                     if r["query"].startswith("SELECT id, type, payload,"))
         self.assertLess(reads, 0.01)
 
+    def test_an_unknown_variant_is_refused_by_name(self):
+        r = subprocess.run(
+            [sys.executable, os.path.join(REPO, "bench", "bench.py"), "profile", "--variants",
+             "drain,submitbatch"], capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("unknown variant submitbatch: choose from drain,submit,batch,runsync",
+                      r.stderr)
+
 
 if __name__ == "__main__":
     unittest.main()

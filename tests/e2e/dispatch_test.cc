@@ -245,6 +245,43 @@ TEST_F(DispatchTest, WorkerBackpressureRefusesExtraJobsAndNoneIsLostOrRunTwice) 
   EXPECT_GE(d->Metric("dispatchd_worker_refusals_total{reason=\"resource_exhausted\"}"), 1);
 }
 
+TEST_F(DispatchTest, TurnsInFlightAsConfiguredRunEveryJobOnce) {
+  // Three turns on a pool of four: the daemon says how many it keeps in flight, and with turns
+  // overlapping every job still succeeds at its first attempt and starts once.
+  auto d = StartDaemon({.postgres_yaml = "  pool_size: 4\n  turns_in_flight: 3\n"});
+  ASSERT_NE(d, nullptr);
+  EXPECT_TRUE(WaitFor([&] { return absl::StrContains(d->process().Log(), "turns_in_flight=3"); },
+                      absl::Seconds(10)))
+      << d->process().Log();
+  const std::vector<std::string> names = {"w1", "w2", "w3"};
+  std::vector<std::unique_ptr<Worker>> workers;
+  for (const std::string& id : names) {
+    workers.push_back(StartWorker(*d, {.id = id, .slots = 8}));
+    ASSERT_NE(workers.back(), nullptr);
+  }
+  std::vector<std::string> ids;
+  for (int i = 0; i < 300; ++i) {
+    absl::StatusOr<std::string> id = d->Submit(Spec("echo", absl::StrCat("payload ", i)));
+    ASSERT_TRUE(id.ok()) << id.status();
+    ids.push_back(*id);
+  }
+  std::vector<v1::Job> jobs;
+  ASSERT_TRUE(d->WaitForTerminal(ids, &jobs, absl::Seconds(120)));
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    EXPECT_EQ(jobs[i].state(), v1::JOB_STATE_SUCCEEDED) << jobs[i].id();
+    EXPECT_EQ(jobs[i].result(), absl::StrCat("payload ", i));
+    EXPECT_EQ(jobs[i].attempt(), 1);
+  }
+  std::map<std::string, int> starts;
+  for (size_t i = 0; i < workers.size(); ++i) {
+    for (const JournalEvent& e : ReadJournal(workers[i]->journal_path(), names[i])) {
+      if (e.start) ++starts[e.job_id];
+    }
+  }
+  EXPECT_EQ(starts.size(), 300u);
+  for (const auto& [id, n] : starts) EXPECT_EQ(n, 1) << id;
+}
+
 TEST_F(DispatchTest, KillNineWithHundredQueuedJobsThenRestartCompletesEachOnce) {
   auto d = StartDaemon();
   ASSERT_NE(d, nullptr);

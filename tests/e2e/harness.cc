@@ -215,13 +215,14 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   d->dir_ = dir.path();
   d->config_path_ = dir.File("dispatchd.yaml");
   d->ready_path_ = dir.File("dispatchd.ready");
-  std::string yaml = absl::StrCat(
-      "listen: 127.0.0.1:0\n", "state_dir: ", dir.File("state"), "\n", "log_level: debug\n",
-      "max_payload_bytes: ", options.max_payload_bytes, "\n",
-      "heartbeat_interval: ", options.heartbeat_interval, "\n",
-      "worker_stale_after: ", options.worker_stale_after, "\n",
-      "orphan_grace: ", options.orphan_grace, "\n", "metrics:\n", "  listen: 127.0.0.1:0\n",
-      "postgres:\n", "  url: \"", options.postgres_url, "\"\n", "  connect_wait: 2s\n", "types:\n");
+  std::string yaml =
+      absl::StrCat("listen: 127.0.0.1:0\n", "state_dir: ", dir.File("state"), "\n",
+                   "log_level: debug\n", "max_payload_bytes: ", options.max_payload_bytes, "\n",
+                   "heartbeat_interval: ", options.heartbeat_interval, "\n",
+                   "worker_stale_after: ", options.worker_stale_after, "\n",
+                   "orphan_grace: ", options.orphan_grace, "\n", "metrics:\n",
+                   "  listen: 127.0.0.1:0\n", "postgres:\n", "  url: \"", options.postgres_url,
+                   "\"\n", "  connect_wait: 2s\n", options.postgres_yaml, "types:\n");
   for (const TypeSpec& t : options.types) {
     absl::StrAppend(&yaml, "  - name: ", t.name, "\n");
     if (t.max_concurrency > 0)

@@ -114,7 +114,8 @@ struct DaemonOptions {
   std::string worker_stale_after = "2s";
   std::string orphan_grace = "5s";
   int64_t max_payload_bytes = 65536;
-  std::string extra_yaml;  // appended verbatim
+  std::string postgres_yaml;  // more lines under `postgres:`, e.g. "  pool_size: 4\n"
+  std::string extra_yaml;     // appended verbatim
 };
 
 // A dispatchd process with its own config and state directory.
