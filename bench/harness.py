@@ -251,8 +251,10 @@ class Daemon:
             self.b.pg.drop_db(self.dbname)
 
     def any_active(self):
-        """Whether any job is still active: one index probe, so that polling costs the server
-        next to nothing while it is being measured."""
+        """Whether any job is still active. A few milliseconds of the server's time a call while
+        a drain runs (the scan passes the index entries of the rows just finished, until
+        vacuum), about 0.5 us a job at one call every 0.5 s: `profile` lists it among the
+        statements."""
         return psql(self.url, "SELECT EXISTS (SELECT 1 FROM jobs_active WHERE state IN "
                               "('QUEUED', 'DISPATCHED', 'RUNNING'))")[0][0] == "t"
 
