@@ -438,6 +438,12 @@ std::vector<std::string> Config::Warnings() const {
     if (!t.model.empty() && t.vram_gb >= 0) budgeted.insert(t.model);
   }
   std::vector<std::string> out;
+  if (postgres.turns_in_flight >= postgres.pool_size) {
+    out.push_back(absl::StrCat("postgres.turns_in_flight: ", postgres.turns_in_flight,
+                               " turns need as many of pool_size's ", postgres.pool_size,
+                               " connections: calls wait for a connection while they are all in "
+                               "flight"));
+  }
   if (idempotency_window > retention) {
     out.push_back(absl::StrCat("idempotency_window: ", absl::FormatDuration(idempotency_window),
                                " is longer than retention (", absl::FormatDuration(retention),

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -117,10 +118,11 @@ struct PostgresConfig {
 
   // turns_in_flight, with 0 resolved for a machine of `cores` cores: 2 below 8 cores, where the
   // database shares them and a turn started beside others carries fewer rows for the same
-  // commit, else 4, so that the commits overlap enough to keep spare cores busy.
+  // commit, else 4, so that the commits overlap enough to keep spare cores busy; and at most
+  // pool_size - 2 (at least 1), so that the calls' inserts and reads find a connection.
   int TurnsInFlight(unsigned cores) const {
     if (turns_in_flight > 0) return turns_in_flight;
-    return cores >= 8 ? 4 : 2;
+    return std::max(1, std::min(cores >= 8 ? 4 : 2, pool_size - 2));
   }
   // OS user the embedded server runs as when the daemon runs as root.
   std::string embedded_user = "postgres";

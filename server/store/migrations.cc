@@ -91,7 +91,7 @@ CREATE INDEX jobs_idempotency_held ON jobs (finished_at)
 //
 // - One row. `epoch` grows by one each time a daemon becomes the leader (it holds the session
 //   advisory lock kLeaderLockKey while it leads). Every write the leader makes to a job carries
-//   its epoch and locks this row FOR SHARE while checking it (pg_statements.h, "Fencing"), so
+//   its epoch and locks this row FOR KEY SHARE while checking it (pg_statements.h, "Fencing"), so
 //   once a new leader's bump commits, a deposed leader's writes change nothing; the bump itself
 //   waits for the old leader's writes in flight.
 // - holder and address say who leads and where workers and clients find it; renewed_at is
@@ -286,6 +286,19 @@ CREATE OR REPLACE VIEW jobs AS
   FROM jobs_done;
 )sql";
 
+// Version 10: the leader epoch is a key column.
+//
+// - A unique index on dispatchd_leader.epoch makes an UPDATE that changes the epoch (a new
+//   leader's bump) lock the row FOR UPDATE, as PostgreSQL does for an UPDATE of a column of a
+//   unique index, while an UPDATE of renewed_at or address alone locks FOR NO KEY UPDATE. The
+//   leader's job writes lock the row FOR KEY SHARE while they check its epoch (pg_statements.h,
+//   "Fencing"): the bump waits for them, and the renewal does not. The schema, not the binary,
+//   decides which UPDATE waits, so a daemon of an earlier version (whose writes lock FOR SHARE)
+//   bumping the epoch beside daemons of this one still waits for their writes in flight.
+constexpr char kMigration10LeaderEpochKey[] = R"sql(
+CREATE UNIQUE INDEX dispatchd_leader_epoch ON dispatchd_leader (epoch);
+)sql";
+
 constexpr Migration kMigrations[] = {
     {1, "jobs table", kMigration1Jobs},
     {2, "idempotency window", kMigration2IdempotencyWindow},
@@ -296,6 +309,7 @@ constexpr Migration kMigrations[] = {
     {7, "job owners, and idempotency keys scoped to them", kMigration7Owner},
     {8, "fair-share accounts", kMigration8FairAccounts},
     {9, "earlier attempts of a job", kMigration9Attempts},
+    {10, "the leader epoch as a key column", kMigration10LeaderEpochKey},
 };
 
 }  // namespace

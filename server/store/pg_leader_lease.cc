@@ -27,8 +27,9 @@ constexpr char kLeaderChannel[] = "dispatchd_leader";
 
 constexpr char kTryLock[] = "SELECT pg_try_advisory_lock($1::int8)";
 constexpr char kUnlock[] = "SELECT pg_advisory_unlock($1::int8)";
-// $1 holder, $2 address. Waits for writes in flight that still carry the old epoch (they lock the
-// row FOR SHARE), so none of them can land after it.
+// $1 holder, $2 address. The epoch is a key column (migration 10), so this locks the row FOR
+// UPDATE: it waits for the writes in flight that still carry the old epoch (they lock the row
+// FOR KEY SHARE) and holds off new ones until it commits, so none can land after it.
 constexpr char kBumpEpoch[] = R"sql(
 UPDATE dispatchd_leader SET epoch = epoch + 1, holder = $1, address = $2, renewed_at = now()
 WHERE id = 1 RETURNING epoch)sql";

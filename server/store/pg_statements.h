@@ -44,13 +44,17 @@ struct Statement {
 #define DISPATCHD_PG_ACTIVE_STATES "('QUEUED', 'DISPATCHED', 'RUNNING')"
 
 // Fencing. Each write the leader makes to a job names the leader epoch it holds in parameter $n
-// and runs only while dispatchd_leader still has that epoch. The row is locked FOR SHARE while it
-// is checked, so a new leader's epoch bump (an UPDATE of that row) waits for the writes in
-// flight, and a write that starts after the bump re-reads the row (READ COMMITTED rechecks a
-// locked row's newest version) and changes nothing. A write that changes nothing reads the epoch
-// again to tell "fenced" from "the row moved on" (FenceHolds).
+// and runs only while dispatchd_leader still has that epoch. The row is locked FOR KEY SHARE
+// while it is checked, so a new leader's epoch bump (an UPDATE of a key column, migration 10,
+// which locks the row FOR UPDATE) waits for the writes in flight, and a write that starts after
+// the bump re-reads the row (READ COMMITTED rechecks a locked row's newest version) and changes
+// nothing. A write that changes nothing reads the epoch again to tell "fenced" from "the row
+// moved on" (FenceHolds). KEY SHARE, not SHARE: the leader's renewal (an UPDATE of renewed_at
+// alone, which locks FOR NO KEY UPDATE) must never wait for writes. Under SHARE, writes that
+// overlap one another kept the row locked without a gap, and each new share lock passed the
+// waiting renewal: with eight writers of 3 ms each, a renewal waited up to 4.9 s.
 #define DISPATCHD_PG_FENCE(n) \
-  "fence AS (SELECT 1 FROM dispatchd_leader WHERE id = 1 AND epoch = $" #n "::int8 FOR SHARE)"
+  "fence AS (SELECT 1 FROM dispatchd_leader WHERE id = 1 AND epoch = $" #n "::int8 FOR KEY SHARE)"
 
 // A test of a row's state (and what goes with it), as `CASE <prefix>state WHEN <cases> END`:
 // true where a WHEN's condition holds, NULL (no match) for any other state. A plain
@@ -83,7 +87,7 @@ struct Statement {
 // spec's.
 inline constexpr Statement kInsertJobs{"insert_jobs", R"sql(
 WITH fence AS (
-  SELECT 1 FROM dispatchd_leader WHERE id = 1 AND epoch = $16::int8 FOR SHARE
+  SELECT 1 FROM dispatchd_leader WHERE id = 1 AND epoch = $16::int8 FOR KEY SHARE
 ), ins AS (
   INSERT INTO jobs_active (id, type, payload, resource_id, fairness_key, idempotency_key, labels,
                            state, attempt, max_attempts, timeout_ms, dispatch_deadline_at,

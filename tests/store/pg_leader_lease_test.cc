@@ -1,9 +1,12 @@
 // Leader election and fencing against a real PostgreSQL: one session holds the lease at a time,
-// each new leader starts a new epoch, a frozen leader's sessions can be ended, and a deposed
-// leader's job writes change nothing.
+// each new leader starts a new epoch, a frozen leader's sessions can be ended, a deposed
+// leader's job writes change nothing, and a write in flight holds off the next leader but never
+// the leader's own renewal.
 
 #include "server/store/pg_leader_lease.h"
 
+#include <chrono>
+#include <future>
 #include <memory>
 #include <optional>
 #include <string>
@@ -12,8 +15,11 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "pqxx/connection"
+#include "pqxx/transaction"
 
 #include "server/store/pg_job_store.h"
+#include "server/store/pg_statements.h"
 #include "tests/testing/pg_test_db.h"
 #include "tests/testing/status_matchers.h"
 
@@ -212,6 +218,52 @@ TEST_F(PgLeaderLeaseTest, DeposedLeadersJobWritesAreFenced) {
   // With the new term's fence the same writes go through.
   store_->SetFence(2);
   EXPECT_TRUE(*store_->Finish({.job_id = "j1", .attempt = 1, .state = job::JobState::kSucceeded}));
+}
+
+TEST_F(PgLeaderLeaseTest, AWriteInFlightHoldsOffTheNextLeaderButNotTheRenewal) {
+  ASSERT_THAT(store_->Insert(MakeJob("j1")).status(), IsOk());
+  auto a = Lease("lease-a");
+  ASSERT_EQ(*a->TryAcquire("a", "x:1", absl::Seconds(2)), std::optional<int64_t>(1));
+
+  // A write of leader 1 in flight: the store's fenced claim of j1, its transaction left open.
+  pqxx::connection conn(db_->url());
+  pqxx::work write(conn);
+  EXPECT_EQ(write.exec_params(kClaim.sql, "{j1}", "{0}", "{w1}", 1).size(), 1u);
+
+  // The leader renews its lease meanwhile, however long the write takes.
+  std::future<absl::Status> renew = std::async(std::launch::async, [&] { return a->Renew(1); });
+  ASSERT_EQ(renew.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_THAT(renew.get(), IsOk()) << "the renewal waited for a write in flight";
+
+  // Another daemon cannot take over while the write is open: once it holds the advisory lock
+  // (freed as the old session ends), its bump times out.
+  a.reset();
+  int bumps_timed_out = 0;
+  for (int i = 0; i < 20 && bumps_timed_out < 2; ++i) {
+    auto b = Lease("lease-b");
+    absl::StatusOr<std::optional<int64_t>> eb = b->TryAcquire("b", "y:1", absl::Seconds(1));
+    ASSERT_FALSE(eb.ok() && eb->has_value()) << "epoch " << **eb << " began under a write";
+    if (!eb.ok()) {
+      ++bumps_timed_out;
+    } else {
+      absl::SleepFor(absl::Milliseconds(50));  // the old session still holds the lock
+    }
+  }
+  EXPECT_EQ(bumps_timed_out, 2);
+  write.commit();
+
+  // Once the write has landed, it does; the old epoch's writes are fenced from then on.
+  auto b = Lease("lease-b");
+  absl::StatusOr<std::optional<int64_t>> eb;
+  ASSERT_TRUE(WaitForEpoch(*b, &eb));
+  EXPECT_EQ(*eb, std::optional<int64_t>(2));
+  absl::StatusOr<job::Job> j1 = store_->Get("j1");
+  ASSERT_TRUE(j1.ok());
+  EXPECT_EQ(j1->state, job::JobState::kDispatched);
+  store_->SetFence(1);
+  EXPECT_THAT(
+      store_->Finish({.job_id = "j1", .attempt = 1, .state = job::JobState::kSucceeded}).status(),
+      StatusIs(absl::StatusCode::kFailedPrecondition, "fenced"));
 }
 
 }  // namespace

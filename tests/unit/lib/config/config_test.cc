@@ -214,6 +214,13 @@ TEST(ConfigTest, TurnsInFlightIsBoundedAndZeroFollowsTheCores) {
     c.postgres.turns_in_flight = good;
     EXPECT_THAT(c.Validate(), IsOk()) << good;
   }
+  // By the cores, the pool keeps two connections for calls.
+  c.postgres.turns_in_flight = 0;
+  c.postgres.pool_size = 4;
+  EXPECT_EQ(c.postgres.TurnsInFlight(16), 2);
+  c.postgres.pool_size = 1;
+  EXPECT_EQ(c.postgres.TurnsInFlight(16), 1);
+  c.postgres.pool_size = 8;
   c.postgres.turns_in_flight = 3;
   EXPECT_EQ(c.postgres.TurnsInFlight(2), 3);  // a number set is taken as it is
   EXPECT_EQ(c.postgres.TurnsInFlight(16), 3);
@@ -223,6 +230,16 @@ TEST(ConfigTest, TurnsInFlightIsBoundedAndZeroFollowsTheCores) {
                                        "postgres.turns_in_flight: must be in [0, 64]"))
         << bad;
   }
+}
+
+TEST(ConfigTest, TurnsInFlightThatTakeTheWholePoolWarn) {
+  Config c = ValidConfig();
+  c.postgres.turns_in_flight = 7;
+  EXPECT_THAT(c.Warnings(), IsEmpty());
+  c.postgres.turns_in_flight = 8;
+  ASSERT_EQ(c.Warnings().size(), 1u);
+  EXPECT_THAT(c.Warnings()[0], HasSubstr("postgres.turns_in_flight: 8 turns need as many of "
+                                         "pool_size's 8 connections"));
 }
 
 TEST(ConfigTest, MaxActiveMustBePositive) {
