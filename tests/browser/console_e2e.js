@@ -63,6 +63,18 @@ async function waitUntil(what, fn, timeoutMs) {
   throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
 }
 
+// Clicks what `selector` names from inside the page, finding and clicking it in one task: the
+// live page re-renders its tables every second, and an element found by one call and clicked by
+// the next may have been replaced in between ("Node is either not clickable or not an Element").
+async function clickNow(page, selector, what) {
+  await waitUntil(what, () => page.evaluate((s) => {
+    const e = document.querySelector(s);
+    if (e === null) return false;
+    e.click();
+    return true;
+  }, selector), 15000);
+}
+
 async function main() {
   fs.mkdirSync(opt.out, { recursive: true });
   const token = fs.readFileSync(opt['token-file'], 'utf8').trim();
@@ -115,7 +127,7 @@ async function main() {
     await page.screenshot({ path: path.join(opt.out, 'console-jobs.png'), fullPage: true });
 
     // Cancel the job that waits, from the page.
-    await page.click(`button.cancel[data-job-id="${held}"]`);
+    await clickNow(page, `button.cancel[data-job-id="${held}"]`, `the cancel button of ${held}`);
     await waitUntil('the held job CANCELLED on the page',
       async () => (await statesOf(page, [held]))[held] === 'CANCELLED', 15000);
     // dispatchctl status exits non-zero for a job that did not succeed: read what it printed.
@@ -127,7 +139,7 @@ async function main() {
     log('cancelled', held);
 
     // A job's page and its timeline.
-    await page.click(`tr[data-job-id="${ids[0]}"] a`);
+    await clickNow(page, `tr[data-job-id="${ids[0]}"] a`, `the link to ${ids[0]}`);
     await page.waitForSelector('tr[data-event="finished"]', { timeout: 15000 });
     const events = await page.$$eval('tr[data-event]', (rows) => rows.map((r) => r.dataset.event));
     log('timeline of', ids[0], events.join(' '));
