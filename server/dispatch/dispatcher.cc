@@ -40,6 +40,7 @@ Dispatcher::~Dispatcher() { Stop(); }
 absl::Status Dispatcher::Start() {
   loop_role_.Take();  // until the loop thread starts
   decision_seconds_ = &metrics::Metrics().decision.With({});
+  turns_gauge_ = &metrics::Metrics().turns_in_flight.With({});
   for (const std::string& warning : config_.Warnings())
     server::Log("dispatch")->warn("{}", warning);
   absl::StatusOr<std::vector<job::Job>> placed = store_.LoadPlaced();
@@ -100,6 +101,7 @@ void Dispatcher::Stop() {
   // that were never assigned are DISPATCHED rows it holds for orphan_grace, unacknowledged
   // results come again from their workers).
   writer_.reset();
+  if (turns_gauge_ != nullptr) turns_gauge_->Set(0);
   for (auto& [id, session] : sessions_) {
     if (session.link) session.link->Close(absl::UnavailableError("daemon shutting down"));
   }

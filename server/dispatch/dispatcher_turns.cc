@@ -99,7 +99,7 @@ void Dispatcher::CommitTurn(absl::Time now) {
   }
   if (writes.empty()) return;
   turn.rows = writes.rows();
-  ++turns_in_flight_;
+  turns_gauge_->Set(++turns_in_flight_);
   writer_->Commit(std::move(writes), [this, turn = std::move(turn)](TurnResult result) mutable {
     Post([this, turn = std::move(turn), result = std::move(result)]() mutable {
       loop_role_.Assert();
@@ -117,7 +117,7 @@ std::vector<sched::Dispatch> Dispatcher::Decide(absl::Time now) {
 }
 
 void Dispatcher::FinishTurn(Turn turn, TurnResult result) {
-  --turns_in_flight_;
+  turns_gauge_->Set(--turns_in_flight_);
   const absl::Time now = clock_.TimeNow();
   store::TurnOutcome& out = result.out;
   if (absl::Status error = result.first_error(); IsFenced(error)) {

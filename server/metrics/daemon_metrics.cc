@@ -36,6 +36,10 @@ DaemonMetrics::DaemonMetrics()
           "Dispatcher writes the store failed, by kind (finish, mark, claim, retry, return, "
           "expire); each goes again after a pause.",
           {"kind"})),
+      turns_in_flight(registry.AddGauge(
+          "dispatchd_turns_in_flight",
+          "Dispatcher turns (one transaction each of finishes, RUNNING marks and claims) in the "
+          "database now. At most postgres.turns_in_flight; held there, the next turn waits.")),
       overflow_hook_checks(registry.AddCounter(
           "dispatchd_overflow_hook_checks_total",
           "Checks of the overflow hook, by outcome: started (jobs waited for capacity and the "

@@ -29,6 +29,8 @@ struct DaemonMetrics {
   // Dispatcher writes the store failed (not answered, or refused by a trigger or constraint),
   // by kind: finish, mark, claim, retry, return, expire.
   Family<Counter>& store_write_errors;
+  // Dispatcher turns in the database now: at most postgres.turns_in_flight; 0 on a standby.
+  Family<Gauge>& turns_in_flight;
   // Checks of the overflow hook (at each sweep while no run is going and its interval has
   // passed), by outcome: started, quiet (nothing waited for capacity) or failed (could not start).
   Family<Counter>& overflow_hook_checks;

@@ -77,12 +77,14 @@ FakeJobStore::FakeJobStore(Clock* clock, absl::Duration idempotency_window)
 
 absl::Status FakeJobStore::BeginCall(absl::string_view method) {
   ++calls_;
-  if (!stall_method_.empty() && stall_method_ == method) {
-    stall_method_.clear();
-    stalled_ = true;
-    mu_.Await(absl::Condition(&released_));
-    stalled_ = false;
-    released_ = false;
+  if (stalls_left_ > 0 && stall_method_ == method) {
+    --stalls_left_;
+    ++stalled_;
+    const int64_t release = releases_;
+    auto released = [this, release]()
+                        ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return releases_ != release; };
+    mu_.Await(absl::Condition(&released));
+    --stalled_;
   }
   if (auto m = method_failures_.find(method); m != method_failures_.end()) {
     absl::Status status = std::move(m->second.front());
@@ -102,19 +104,22 @@ void FakeJobStore::FailNext(absl::string_view method, absl::Status status) {
   method_failures_[std::string(method)].push_back(std::move(status));
 }
 
-void FakeJobStore::StallNext(absl::string_view method) {
+void FakeJobStore::StallNext(absl::string_view method, int n) {
   absl::MutexLock l(&mu_);
   stall_method_ = std::string(method);
+  stalls_left_ = n;
 }
 
-bool FakeJobStore::AwaitStalled(absl::Duration timeout) {
+bool FakeJobStore::AwaitStalled(absl::Duration timeout, int n) {
   absl::MutexLock l(&mu_);
-  return mu_.AwaitWithTimeout(absl::Condition(&stalled_), timeout);
+  auto waiting = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stalled_ >= n; };
+  return mu_.AwaitWithTimeout(absl::Condition(&waiting), timeout);
 }
 
 void FakeJobStore::Release() {
   absl::MutexLock l(&mu_);
-  released_ = true;
+  stalls_left_ = 0;
+  ++releases_;
 }
 
 absl::Status FakeJobStore::FenceHolds() const {

@@ -96,11 +96,12 @@ class FakeJobStore final : public store::JobStore {
   // The next call of `method` (the interface's name for it, e.g. "WriteTurn") fails with
   // `status` and changes nothing. Planned failures of one method come in the order planned.
   void FailNext(absl::string_view method, absl::Status status);
-  // The next call of `method` waits, before it reads or changes anything, until Release(): a
-  // database that stalls in the middle of a write. AwaitStalled waits (at most `timeout`) for
-  // that call to arrive.
-  void StallNext(absl::string_view method);
-  bool AwaitStalled(absl::Duration timeout);
+  // The next `n` calls of `method` wait, before they read or change anything, until Release():
+  // a database that stalls in the middle of a write. AwaitStalled waits (at most `timeout`)
+  // until `n` calls wait at once. Release lets every waiting call go on and cancels the stalls
+  // not yet reached.
+  void StallNext(absl::string_view method, int n = 1);
+  bool AwaitStalled(absl::Duration timeout, int n = 1);
   void Release();
   // The epoch the fenced writes must carry (another daemon winning the lease bumps it).
   void SetLeaderEpoch(int64_t epoch);
@@ -154,9 +155,10 @@ class FakeJobStore final : public store::JobStore {
   int64_t misuses_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<int64_t, absl::Status> failures_ ABSL_GUARDED_BY(mu_);  // by call number
   absl::flat_hash_map<std::string, std::deque<absl::Status>> method_failures_ ABSL_GUARDED_BY(mu_);
-  std::string stall_method_ ABSL_GUARDED_BY(mu_);  // the next call of it stalls
-  bool stalled_ ABSL_GUARDED_BY(mu_) = false;      // a call waits for Release
-  bool released_ ABSL_GUARDED_BY(mu_) = false;
+  std::string stall_method_ ABSL_GUARDED_BY(mu_);  // its next stalls_left_ calls stall
+  int stalls_left_ ABSL_GUARDED_BY(mu_) = 0;
+  int stalled_ ABSL_GUARDED_BY(mu_) = 0;       // calls waiting for Release
+  int64_t releases_ ABSL_GUARDED_BY(mu_) = 0;  // Release() calls so far
   int64_t fence_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t leader_epoch_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::string> notified_ ABSL_GUARDED_BY(mu_);

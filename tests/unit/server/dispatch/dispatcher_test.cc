@@ -20,6 +20,7 @@
 #include "lib/sched/admission.h"
 #include "lib/sched/admission_gate.h"
 #include "server/config/yaml_config.h"
+#include "server/metrics/daemon_metrics.h"
 #include "server/store/group_inserter.h"
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/fake_job_store.h"
@@ -543,6 +544,44 @@ TEST_F(DispatcherTest, TwoMissedHeartbeatsRequeueTheJob) {
   EXPECT_NE(std::find(cancels.begin(), cancels.end(), std::pair<std::string, int32_t>{"j1", 1}),
             cancels.end());
   EXPECT_EQ(dispatcher_->repairs(), 1);
+}
+
+// Turns overlap up to postgres.turns_in_flight and no further: a result that comes while that
+// many are in the database waits for one of them, then lands. The gauge operators read says so.
+TEST_F(DispatcherTest, TurnsOverlapUpToTheConfiguredNumberAndTheRestWait) {
+  config_.postgres.turns_in_flight = 3;
+  const std::vector<std::string> ids = {"j1", "j2", "j3", "j4"};
+  for (const std::string& id : ids) Submit(id);
+  Start();
+  auto w1 = Connect("w1", /*slots=*/8);
+  for (const std::string& id : ids) {
+    ASSERT_TRUE(Eventually([&] { return Assigned(w1, id, 1); })) << id;
+    Accept(w1, id, 1);
+  }
+  const metrics::Gauge& gauge = metrics::Metrics().turns_in_flight.With({});
+  dispatcher_->Workers();  // the claims' turn is applied
+  EXPECT_EQ(gauge.value(), 0);
+  store_.StallNext("WriteTurn", 3);
+  // Each result goes in a turn of its own, started while the ones before it are in the database.
+  for (int i = 0; i < 3; ++i) {
+    Succeed(w1, ids[i], 1);
+    ASSERT_TRUE(store_.AwaitStalled(absl::Seconds(5), i + 1)) << "turn " << i + 1 << " not begun";
+    dispatcher_->Workers();
+    EXPECT_EQ(gauge.value(), i + 1);
+  }
+  // The fourth waits: the loop has taken the result (Workers() runs after it on the loop) and
+  // owes its write, but three turns are in the database.
+  Succeed(w1, ids[3], 1);
+  dispatcher_->Workers();
+  EXPECT_EQ(gauge.value(), 3);
+  EXPECT_TRUE(w1->Acks().empty());
+  store_.Release();
+  for (const std::string& id : ids) {
+    EXPECT_TRUE(Eventually([&] { return w1->Acked(id, 1); })) << id;
+    EXPECT_TRUE(RowIs(id, JobState::kSucceeded, 1)) << id;
+  }
+  ASSERT_TRUE(Eventually([&] { return gauge.value() == 0; }));
+  EXPECT_EQ(store_.misuses(), 0);
 }
 
 // A heartbeat does not wake the loop (PostUnhurried), but it is never overtaken: whatever the
