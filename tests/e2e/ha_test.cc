@@ -98,16 +98,6 @@ class HaTest : public E2eTest {
         absl::Seconds(10)));
   }
 
-  // Each job of `ids` started exactly once in the journal at `path`.
-  static void ExpectEachStartedOnce(const std::string& path, const std::string& worker,
-                                    const std::vector<std::string>& ids) {
-    std::map<std::string, int> starts;
-    for (const JournalEvent& e : ReadJournal(path, worker)) {
-      if (e.start) ++starts[e.job_id];
-    }
-    for (const std::string& id : ids) EXPECT_EQ(starts[id], 1) << id;
-  }
-
   static absl::StatusOr<v1::LeaderInfo> Leader(Daemon& d) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
@@ -387,7 +377,7 @@ TEST_F(HaTest, SigtermUnderLoadHandsTheLeaseOverAndLosesNothing) {
   EXPECT_EQ(refused, 0) << "the standby admitted throughout";
   ASSERT_GT(ids.size(), 0u);
   ExpectAllSucceeded(*b, ids);
-  ExpectEachStartedOnce(w->journal_path(), "w1", ids);
+  EXPECT_TRUE(EachStartedOnce(w->Journal(), ids));
 }
 
 // A stopping leader refuses new jobs UNAVAILABLE and waits for the job its worker runs, which
@@ -425,7 +415,7 @@ TEST_F(HaTest, AStoppingLeaderRefusesNewJobsAndWaitsForTheJobItsWorkerRuns) {
   EXPECT_EQ(job->attempt(), 1) << "it ran once, to its end";
   EXPECT_LE(proto_convert::FromProto(job->finished_at()), exited)
       << "recorded by the leader before it exited";
-  ExpectEachStartedOnce(setup.w->journal_path(), "w1", {id});
+  EXPECT_TRUE(EachStartedOnce(setup.w->Journal(), {id}));
 }
 
 // A job longer than stop_grace: the leader exits at its grace, the job runs on, and its worker
@@ -455,7 +445,7 @@ TEST_F(HaTest, AJobLongerThanStopGraceFinishesUnderTheNextLeader) {
   ASSERT_TRUE(b->WaitForTerminal({id}, &done, absl::Seconds(30)));
   EXPECT_EQ(done[0].state(), v1::JOB_STATE_SUCCEEDED) << done[0].error();
   EXPECT_EQ(done[0].attempt(), 1) << "re-adopted, not run again";
-  ExpectEachStartedOnce(setup.w->journal_path(), "w1", {id});
+  EXPECT_TRUE(EachStartedOnce(setup.w->Journal(), {id}));
 }
 
 }  // namespace

@@ -6,6 +6,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <map>
 #include <sstream>
 #include <utility>
 
@@ -434,6 +436,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const std::string& daemon_
                                                       const WorkerOptions& options,
                                                       const TempDir& dir) {
   auto w = std::unique_ptr<Worker>(new Worker());
+  w->id_ = options.id;
   w->journal_ = dir.File(absl::StrCat("worker-", options.id, ".journal"));
   std::vector<std::string> argv = {WorkerBin(),
                                    "--server",
@@ -475,6 +478,33 @@ std::vector<JournalEvent> ReadJournal(const std::string& path, const std::string
     out.push_back(std::move(e));
   }
   return out;
+}
+
+std::vector<JournalEvent> Worker::Journal() const { return ReadJournal(journal_, id_); }
+
+std::vector<JournalEvent> Journals(const std::vector<std::unique_ptr<Worker>>& workers) {
+  std::vector<JournalEvent> out;
+  for (const std::unique_ptr<Worker>& w : workers) {
+    std::vector<JournalEvent> one = w->Journal();
+    out.insert(out.end(), std::make_move_iterator(one.begin()), std::make_move_iterator(one.end()));
+  }
+  return out;
+}
+
+::testing::AssertionResult EachStartedOnce(const std::vector<JournalEvent>& events,
+                                           const std::vector<std::string>& ids) {
+  std::map<std::string, int> starts;
+  for (const JournalEvent& e : events) {
+    if (e.start) ++starts[e.job_id];
+  }
+  std::vector<std::string> wrong;
+  for (const std::string& id : ids) {
+    const int n = starts[id];
+    if (n != 1) wrong.push_back(absl::StrCat(id, " started ", n, " times"));
+  }
+  if (wrong.empty()) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << wrong.size() << " of " << ids.size() << " jobs: " << absl::StrJoin(wrong, "; ");
 }
 
 int MaxConcurrent(std::vector<JournalEvent> events) {

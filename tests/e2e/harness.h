@@ -12,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "gtest/gtest.h"
 #include <sys/types.h>
 
 #include "dispatchd/v1/admin_service.grpc.pb.h"
@@ -185,20 +186,6 @@ struct WorkerOptions {
   std::vector<std::string> mode = {"--echo"};  // e.g. {"--simulate", "100%:2s"}
 };
 
-// A dispatch-worker process with a journal of the jobs it ran.
-class Worker {
- public:
-  static absl::StatusOr<std::unique_ptr<Worker>> Start(const std::string& daemon_address,
-                                                       const WorkerOptions& options,
-                                                       const TempDir& dir);
-  Process& process() { return *process_; }
-  const std::string& journal_path() const { return journal_; }
-
- private:
-  std::unique_ptr<Process> process_;
-  std::string journal_;
-};
-
 // One line of a worker journal: `start job=J attempt=N ms=T` or `end job=J attempt=N ok=B ms=T`.
 struct JournalEvent {
   bool start = false;
@@ -208,7 +195,31 @@ struct JournalEvent {
   int64_t ms = 0;
   std::string worker;  // which journal it came from
 };
+
+// A dispatch-worker process with a journal of the jobs it ran.
+class Worker {
+ public:
+  static absl::StatusOr<std::unique_ptr<Worker>> Start(const std::string& daemon_address,
+                                                       const WorkerOptions& options,
+                                                       const TempDir& dir);
+  Process& process() { return *process_; }
+  const std::string& journal_path() const { return journal_; }
+  // Its journal as it stands (see JournalEvent), each event naming this worker.
+  std::vector<JournalEvent> Journal() const;
+
+ private:
+  std::unique_ptr<Process> process_;
+  std::string id_;
+  std::string journal_;
+};
+
 std::vector<JournalEvent> ReadJournal(const std::string& path, const std::string& worker);
+// The journals of `workers`, one after another.
+std::vector<JournalEvent> Journals(const std::vector<std::unique_ptr<Worker>>& workers);
+// Whether each job of `ids` started exactly once in `events` (the journals of every worker that
+// could have run it); if not, which did not and how often each started.
+::testing::AssertionResult EachStartedOnce(const std::vector<JournalEvent>& events,
+                                           const std::vector<std::string>& ids);
 
 // The largest number of jobs running at once according to the journals' start/end events.
 int MaxConcurrent(std::vector<JournalEvent> events);

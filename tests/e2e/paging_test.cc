@@ -60,9 +60,7 @@ class PagingTest : public E2eTest {
       EXPECT_EQ(done[i].state(), v1::JOB_STATE_SUCCEEDED) << done[i].id();
       EXPECT_EQ(done[i].result(), payloads[i]) << done[i].id();
     }
-    std::map<std::string, int> starts;
-    for (const JournalEvent& e : journal) starts[e.job_id] += e.start ? 1 : 0;
-    for (const std::string& id : ids) EXPECT_EQ(starts[id], 1) << id;
+    EXPECT_TRUE(EachStartedOnce(journal, ids));
   }
 };
 
