@@ -1,5 +1,7 @@
 #include "lib/config/config.h"
 
+#include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -21,6 +23,23 @@ Config ValidConfig() {
   c.types.push_back(JobTypeConfig{.name = "echo"});
   c.types.push_back(JobTypeConfig{.name = "llm.cover_letter", .max_concurrency = 4});
   return c;
+}
+
+// A valid config with `set(config, v)` applied passes Validate for each of `good` and is refused
+// with `error` (a prefix of the message, naming the key) for each of `bad`.
+template <typename T, typename Set>
+void ExpectBounded(Set set, std::initializer_list<T> good, std::initializer_list<T> bad,
+                   const std::string& error) {
+  for (T v : good) {
+    Config c = ValidConfig();
+    set(c, v);
+    EXPECT_THAT(c.Validate(), IsOk()) << v;
+  }
+  for (T v : bad) {
+    Config c = ValidConfig();
+    set(c, v);
+    EXPECT_THAT(c.Validate(), StatusIs(absl::StatusCode::kInvalidArgument, error)) << v;
+  }
 }
 
 TEST(ConfigTest, DefaultsWithOneTypeAreValid) { EXPECT_THAT(ValidConfig().Validate(), IsOk()); }
@@ -178,44 +197,26 @@ TEST(ConfigTest, PolicyIsFairOrFifo) {
 }
 
 TEST(ConfigTest, CostAlphaIsInZeroOne) {
-  Config c = ValidConfig();
-  c.scheduler.cost_alpha = 1;
-  EXPECT_THAT(c.Validate(), IsOk());
-  for (double bad : {0.0, -0.1, 1.5}) {
-    c.scheduler.cost_alpha = bad;
-    EXPECT_THAT(c.Validate(), StatusIs(absl::StatusCode::kInvalidArgument,
-                                       "scheduler.cost_alpha: must be in (0, 1]"))
-        << bad;
-  }
+  ExpectBounded<double>([](Config& c, double v) { c.scheduler.cost_alpha = v; }, {1, 0.5},
+                        {0.0, -0.1, 1.5}, "scheduler.cost_alpha: must be in (0, 1]");
 }
 
 TEST(ConfigTest, QueueWindowIsBounded) {
-  Config c = ValidConfig();
-  for (int64_t good : {16, 2048, 1'000'000}) {
-    c.scheduler.queue_window = good;
-    EXPECT_THAT(c.Validate(), IsOk()) << good;
-  }
-  for (int64_t bad : {0, 15, 1'000'001}) {
-    c.scheduler.queue_window = bad;
-    EXPECT_THAT(c.Validate(), StatusIs(absl::StatusCode::kInvalidArgument,
-                                       "scheduler.queue_window: must be in [16, 1000000]"))
-        << bad;
-  }
+  ExpectBounded<int64_t>([](Config& c, int64_t v) { c.scheduler.queue_window = v; },
+                         {16, 2048, 1'000'000}, {0, 15, 1'000'001},
+                         "scheduler.queue_window: must be in [16, 1000000]");
 }
 
 TEST(ConfigTest, TurnsInFlightIsBoundedAndZeroFollowsTheCores) {
+  ExpectBounded<int>([](Config& c, int v) { c.postgres.turns_in_flight = v; }, {0, 1, 3, 64},
+                     {-1, 65}, "postgres.turns_in_flight: must be in [0, 64]");
   Config c = ValidConfig();
   EXPECT_EQ(c.postgres.turns_in_flight, 0);
   EXPECT_EQ(c.postgres.TurnsInFlight(2), 2);
   EXPECT_EQ(c.postgres.TurnsInFlight(7), 2);
   EXPECT_EQ(c.postgres.TurnsInFlight(8), 4);
   EXPECT_EQ(c.postgres.TurnsInFlight(64), 4);
-  for (int good : {0, 1, 3, 64}) {
-    c.postgres.turns_in_flight = good;
-    EXPECT_THAT(c.Validate(), IsOk()) << good;
-  }
   // By the cores, the pool keeps two connections for calls.
-  c.postgres.turns_in_flight = 0;
   c.postgres.pool_size = 4;
   EXPECT_EQ(c.postgres.TurnsInFlight(16), 2);
   c.postgres.pool_size = 1;
@@ -224,12 +225,6 @@ TEST(ConfigTest, TurnsInFlightIsBoundedAndZeroFollowsTheCores) {
   c.postgres.turns_in_flight = 3;
   EXPECT_EQ(c.postgres.TurnsInFlight(2), 3);  // a number set is taken as it is
   EXPECT_EQ(c.postgres.TurnsInFlight(16), 3);
-  for (int bad : {-1, 65}) {
-    c.postgres.turns_in_flight = bad;
-    EXPECT_THAT(c.Validate(), StatusIs(absl::StatusCode::kInvalidArgument,
-                                       "postgres.turns_in_flight: must be in [0, 64]"))
-        << bad;
-  }
 }
 
 TEST(ConfigTest, TurnsInFlightThatTakeTheWholePoolWarn) {
