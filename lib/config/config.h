@@ -113,7 +113,7 @@ struct PostgresConfig {
   int pool_size = 8;
   // Dispatcher turns (a batch of finishes, RUNNING marks and claims in one statement) whose
   // writes are in the database at once, each on a connection of the pool. 0: chosen by the
-  // machine's cores (TurnsInFlight).
+  // cores the daemon may use (TurnsInFlight, given server::UsableCores).
   int turns_in_flight = 0;
 
   // turns_in_flight, with 0 resolved for a machine of `cores` cores: 2 below 8 cores, where the

@@ -11,6 +11,7 @@
 #include "server/dispatch/dispatcher_internal.h"
 #include "server/dispatch/fair_accounts.h"
 #include "server/metrics/daemon_metrics.h"
+#include "server/util/cores.h"
 #include "server/util/log.h"
 #include "server/util/thread_name.h"
 
@@ -26,7 +27,7 @@ void LogFinished(const std::string& job_id, job::JobState state, int32_t attempt
 Dispatcher::Dispatcher(config::Config config, store::JobStore& store, Clock& clock,
                        JobEvents& events, sched::AdmissionGate& admission)
     : config_(std::move(config)),
-      max_turns_in_flight_(config_.postgres.TurnsInFlight(std::thread::hardware_concurrency())),
+      max_turns_in_flight_(config_.postgres.TurnsInFlight(server::UsableCores())),
       store_(store),
       clock_(clock),
       events_(events),
@@ -74,10 +75,10 @@ absl::Status Dispatcher::Start() {
   server::Log("dispatch")
       ->info(
           "recovered queued={} held_in_memory={} queues={} paged_queues={} "
-          "held_by_workers={} grace={} turns_in_flight={}",
+          "held_by_workers={} grace={} turns_in_flight={} usable_cores={}",
           static_cast<int64_t>(heads->jobs.size()) + waiting, heads->jobs.size(),
           heads->queues.size(), pager_.windows(), placed->size(),
-          absl::FormatDuration(config_.orphan_grace), max_turns_in_flight_);
+          absl::FormatDuration(config_.orphan_grace), max_turns_in_flight_, server::UsableCores());
   next_reconcile_ = now + kReconcileInterval;
   // A thread per turn in flight, and one for the reads, the expiry and the accounts.
   writer_ = std::make_unique<TurnWriter>(store_, max_turns_in_flight_ + 1);
