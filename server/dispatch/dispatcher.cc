@@ -27,7 +27,8 @@ void LogFinished(const std::string& job_id, job::JobState state, int32_t attempt
 Dispatcher::Dispatcher(config::Config config, store::JobStore& store, Clock& clock,
                        JobEvents& events, sched::AdmissionGate& admission)
     : config_(std::move(config)),
-      max_turns_in_flight_(config_.postgres.TurnsInFlight(server::UsableCores())),
+      usable_cores_(server::UsableCores()),
+      max_turns_in_flight_(config_.postgres.TurnsInFlight(usable_cores_)),
       store_(store),
       clock_(clock),
       events_(events),
@@ -78,7 +79,7 @@ absl::Status Dispatcher::Start() {
           "held_by_workers={} grace={} turns_in_flight={} usable_cores={}",
           static_cast<int64_t>(heads->jobs.size()) + waiting, heads->jobs.size(),
           heads->queues.size(), pager_.windows(), placed->size(),
-          absl::FormatDuration(config_.orphan_grace), max_turns_in_flight_, server::UsableCores());
+          absl::FormatDuration(config_.orphan_grace), max_turns_in_flight_, usable_cores_);
   next_reconcile_ = now + kReconcileInterval;
   // A thread per turn in flight, and one for the reads, the expiry and the accounts.
   writer_ = std::make_unique<TurnWriter>(store_, max_turns_in_flight_ + 1);

@@ -367,7 +367,9 @@ class Dispatcher final : public store::Placer {
   // once it has joined it.
   util::ThreadRole loop_role_;
   config::Config config_ ABSL_GUARDED_BY(loop_role_);  // UpdateConfig replaces it on the loop
-  // postgres.turns_in_flight as the dispatcher started (a reload does not change it).
+  // The cores it may use (server::UsableCores) and postgres.turns_in_flight for them, as the
+  // dispatcher started (a reload does not change them).
+  const unsigned usable_cores_;
   const int max_turns_in_flight_;
   store::JobStore& store_;  // read at Start only; everything after goes through writer_
   Clock& clock_;

@@ -108,7 +108,8 @@ unsigned UsableCores() {
   }
   if (std::optional<std::string> text = ReadSmallFile("/proc/self/cgroup")) {
     if (std::optional<double> quota = CgroupCpuQuota(*text, "/sys/fs/cgroup")) {
-      cores = std::min(cores, static_cast<unsigned>(std::max(1.0, std::ceil(*quota - 1e-9))));
+      const double allowed = std::clamp(std::ceil(*quota - 1e-9), 1.0, static_cast<double>(cores));
+      cores = static_cast<unsigned>(allowed);
     }
   }
   return cores;

@@ -492,19 +492,26 @@ std::vector<JournalEvent> Journals(const std::vector<std::unique_ptr<Worker>>& w
 }
 
 ::testing::AssertionResult EachStartedOnce(const std::vector<JournalEvent>& events,
-                                           const std::vector<std::string>& ids) {
+                                           const std::vector<std::string>& ids, OtherJobs others) {
   std::map<std::string, int> starts;
   for (const JournalEvent& e : events) {
     if (e.start) ++starts[e.job_id];
   }
   std::vector<std::string> wrong;
   for (const std::string& id : ids) {
-    const int n = starts[id];
+    auto it = starts.find(id);
+    const int n = it == starts.end() ? 0 : it->second;
     if (n != 1) wrong.push_back(absl::StrCat(id, " started ", n, " times"));
+    if (it != starts.end()) starts.erase(it);
+  }
+  for (const auto& [id, n] : starts) {  // what is left started, but is not one of `ids`
+    if (others == OtherJobs::kNone) {
+      wrong.push_back(absl::StrCat(id, ", not one of the jobs, started ", n, " times"));
+    }
   }
   if (wrong.empty()) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure()
-         << wrong.size() << " of " << ids.size() << " jobs: " << absl::StrJoin(wrong, "; ");
+         << wrong.size() << " wrong, of " << ids.size() << " jobs: " << absl::StrJoin(wrong, "; ");
 }
 
 int MaxConcurrent(std::vector<JournalEvent> events) {

@@ -217,9 +217,12 @@ std::vector<JournalEvent> ReadJournal(const std::string& path, const std::string
 // The journals of `workers`, one after another.
 std::vector<JournalEvent> Journals(const std::vector<std::unique_ptr<Worker>>& workers);
 // Whether each job of `ids` started exactly once in `events` (the journals of every worker that
-// could have run it); if not, which did not and how often each started.
+// could have run it) and, unless `others` is kMayStart, no other job started; if not, names each
+// job that did not and how often it started.
+enum class OtherJobs { kNone, kMayStart };
 ::testing::AssertionResult EachStartedOnce(const std::vector<JournalEvent>& events,
-                                           const std::vector<std::string>& ids);
+                                           const std::vector<std::string>& ids,
+                                           OtherJobs others = OtherJobs::kNone);
 
 // The largest number of jobs running at once according to the journals' start/end events.
 int MaxConcurrent(std::vector<JournalEvent> events);

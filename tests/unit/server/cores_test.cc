@@ -2,6 +2,7 @@
 // usable cores the daemon sizes its turns in flight by.
 #include "server/util/cores.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -18,7 +19,9 @@ class CgroupCpuQuotaTest : public ::testing::Test {
  protected:
   CgroupCpuQuotaTest() {
     std::string tmpl = (std::filesystem::temp_directory_path() / "cores_test.XXXXXX").string();
-    root_ = mkdtemp(tmpl.data());
+    const char* dir = mkdtemp(tmpl.data());
+    if (dir == nullptr) ADD_FAILURE() << "mkdtemp " << tmpl;
+    root_ = dir != nullptr ? dir : tmpl;
   }
   ~CgroupCpuQuotaTest() override { std::filesystem::remove_all(root_); }
 

@@ -26,7 +26,8 @@ Config ValidConfig() {
 }
 
 // A valid config with `set(config, v)` applied passes Validate for each of `good` and is refused
-// with `error` (a prefix of the message, naming the key) for each of `bad`.
+// with a message containing `error` (which names the key) for each of `bad`. A failure names the
+// value.
 template <typename T, typename Set>
 void ExpectBounded(Set set, std::initializer_list<T> good, std::initializer_list<T> bad,
                    const std::string& error) {

@@ -128,6 +128,7 @@ class DispatcherTest : public ::testing::Test {
  protected:
   DispatcherTest() : config_(TestConfig()), gate_(config_) {}
   ~DispatcherTest() override {
+    store_.Release();  // a write a failed test left stalled must not hold up the stop
     inserter_.reset();
     if (dispatcher_ != nullptr) dispatcher_->Stop();
   }
@@ -561,17 +562,18 @@ TEST_F(DispatcherTest, TurnsOverlapUpToTheConfiguredNumberAndTheRestWait) {
   const metrics::Gauge& gauge = metrics::Metrics().turns_in_flight.With({});
   dispatcher_->Workers();  // the claims' turn is applied
   EXPECT_EQ(gauge.value(), 0);
-  store_.StallNext("WriteTurn", 3);
+  store_.StallNext("WriteTurn", 4);  // a fourth turn, were it let in, would stall too
   // Each result goes in a turn of its own, started while the ones before it are in the database.
   for (int i = 0; i < 3; ++i) {
     Succeed(w1, ids[i], 1);
     ASSERT_TRUE(store_.AwaitStalled(absl::Seconds(5), i + 1)) << "turn " << i + 1 << " not begun";
-    dispatcher_->Workers();
     EXPECT_EQ(gauge.value(), i + 1);
   }
-  // The fourth waits: the loop has taken the result (Workers() runs after it on the loop) and
-  // owes its write, but three turns are in the database.
+  // The fourth waits: the loop has taken the result and owes its write (a pass of the loop runs
+  // its tasks, this Workers() among them, then starts a turn; the second Workers() runs in a
+  // later pass), but three turns are in the database.
   Succeed(w1, ids[3], 1);
+  dispatcher_->Workers();
   dispatcher_->Workers();
   EXPECT_EQ(gauge.value(), 3);
   EXPECT_TRUE(w1->Acks().empty());
