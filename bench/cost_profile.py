@@ -237,6 +237,7 @@ def drain(b, i):
         d.start(["noop"])  # creates the schema
         d.stop()
         queue_noop_jobs(d.url, a.jobs, "noop")
+        d.serve_metrics()  # the drained poll reads the daemon's gauges (Daemon.any_active)
         d.start(["noop"])
         w = Window(b, d)
         w.start()
@@ -261,6 +262,7 @@ def flood(b, i, variant, argv, jobs):
     a = b.args
     d = Daemon(b, f"profile-{variant}-{i}")
     try:
+        d.serve_metrics()  # the drained poll reads the daemon's gauges (Daemon.any_active)
         d.start(["noop"])
         d.start_workers(a.workers, ["noop"], a.slots, start_logs=True)
         rec = os.path.join(d.dir, "records")
