@@ -396,7 +396,7 @@ class Dispatcher final : public store::Placer {
   // The loop's state.
   absl::flat_hash_map<std::string, TypeMetrics> type_metrics_ ABSL_GUARDED_BY(loop_role_);
   metrics::Histogram* decision_seconds_ ABSL_GUARDED_BY(loop_role_) = nullptr;  // set by Start
-  metrics::Gauge* turns_gauge_ ABSL_GUARDED_BY(loop_role_) = nullptr;  // set by Start
+  metrics::Gauge* turns_gauge_ ABSL_GUARDED_BY(loop_role_) = nullptr;           // set by Start
   QueuePager pager_ ABSL_GUARDED_BY(loop_role_);
   sched::Scheduler scheduler_ ABSL_GUARDED_BY(loop_role_);
   sched::AdmissionGate& admission_;
