@@ -222,8 +222,8 @@ class Worker {
 
   // Jobs (worker_handler_pool.cc).
   // Answers each assignment, decided one by one against the jobs running and max_concurrent_,
-  // and hands each job accepted to handlers_.
-  void HandleAssign(const std::shared_ptr<Session>& session, const v1::Assign& assign)
+  // and hands each job accepted to handlers_, with its assignment, moved out of `assign`.
+  void HandleAssign(const std::shared_ptr<Session>& session, v1::Assign* assign)
       ABSL_LOCKS_EXCLUDED(mu_);
   void HandleCancel(const v1::CancelJob& cancel) ABSL_LOCKS_EXCLUDED(mu_);
   // Runs one job's handler and reports its outcome.

@@ -93,7 +93,7 @@ const char* ReasonName(v1::Reject::Reason r) {
 
 }  // namespace
 
-void Worker::HandleAssign(const std::shared_ptr<Session>& session, const v1::Assign& assign) {
+void Worker::HandleAssign(const std::shared_ptr<Session>& session, v1::Assign* assign) {
   std::shared_ptr<spdlog::logger> log = Log();
   // What to answer each assignment, decided one by one against the jobs running.
   enum class Action { kAcceptNew, kAcceptAgain, kReject };
@@ -108,10 +108,10 @@ void Worker::HandleAssign(const std::shared_ptr<Session>& session, const v1::Ass
     bool written = false;
   };
   std::vector<Answer> answers;
-  answers.reserve(assign.assignments_size());
+  answers.reserve(assign->assignments_size());
   {
     absl::MutexLock l(&mu_);
-    for (const v1::Assignment& a : assign.assignments()) {
+    for (v1::Assignment& a : *assign->mutable_assignments()) {
       Answer& ans = answers.emplace_back(Answer{.assignment = &a});
       JobKey key(a.job_id(), a.attempt());
       ans.running = static_cast<int>(running_.size());
@@ -133,7 +133,9 @@ void Worker::HandleAssign(const std::shared_ptr<Session>& session, const v1::Ass
         ans.action = Action::kAcceptNew;
         ans.job = std::make_shared<RunningJob>();
         ans.job->key = key;
-        ans.job->context = std::make_shared<JobContext>(a);
+        // The job's context takes the assignment over; the answer reads it from there.
+        ans.job->context = std::make_shared<JobContext>(std::move(a));
+        ans.assignment = &ans.job->context->assignment();
         running_.emplace(key, ans.job);
       }
     }

@@ -231,7 +231,7 @@ Worker::SessionEnd Worker::RunSession(const std::string& target, const Credentia
     while (s->Read(&message)) {
       switch (message.msg_case()) {
         case v1::DaemonMessage::kAssign:
-          HandleAssign(s, message.assign());
+          HandleAssign(s, message.mutable_assign());
           break;
         case v1::DaemonMessage::kCancel:
           HandleCancel(message.cancel());
