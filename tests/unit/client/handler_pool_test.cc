@@ -53,18 +53,25 @@ TEST(HandlerPoolTest, TasksHandedOverTogetherAllRunAtOnce) {
 TEST(HandlerPoolTest, ATaskHandedOverWhileOthersRunStartsWithoutWaitingForThem) {
   HandlerPool pool;
   absl::Notification release, third_ran;
+  std::atomic<int> blockers_ended = 0;
+  int ended_before_third = -1;
   Rendezvous started(3);  // the two tasks and this thread
   for (int i = 0; i < 2; ++i) {
     ASSERT_TRUE(pool.Start([&] {
       started.Arrive();
       release.WaitForNotificationWithTimeout(kWait);
+      ++blockers_ended;
     }));
   }
   ASSERT_TRUE(started.Arrive());
-  ASSERT_TRUE(pool.Start([&] { third_ran.Notify(); }));
+  ASSERT_TRUE(pool.Start([&] {
+    ended_before_third = blockers_ended.load();
+    third_ran.Notify();
+  }));
   EXPECT_TRUE(third_ran.WaitForNotificationWithTimeout(kWait));
-  EXPECT_FALSE(release.HasBeenNotified());
   release.Notify();
+  // Run behind a blocked task, it would have started only once that one gave up waiting.
+  EXPECT_EQ(ended_before_third, 0);
 }
 
 TEST(HandlerPoolTest, DestroyingThePoolRunsEveryTaskHandedOver) {
