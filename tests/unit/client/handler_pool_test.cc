@@ -51,11 +51,13 @@ TEST(HandlerPoolTest, TasksHandedOverTogetherAllRunAtOnce) {
 }
 
 TEST(HandlerPoolTest, ATaskHandedOverWhileOthersRunStartsWithoutWaitingForThem) {
-  HandlerPool pool;
   absl::Notification release, third_ran;
   std::atomic<int> blockers_ended = 0;
   int ended_before_third = -1;
   Rendezvous started(3);  // the two tasks and this thread
+  // Declared after what its tasks touch, so that it is destroyed first: its destructor waits for
+  // the blocked tasks, which still run after the last check.
+  HandlerPool pool;
   for (int i = 0; i < 2; ++i) {
     ASSERT_TRUE(pool.Start([&] {
       started.Arrive();
