@@ -1,6 +1,3 @@
-// The NVML types below are declared here, as NVML's C API defines them (nvml.h), so that nothing
-// needs NVIDIA's headers to build.
-
 #include "client/cpp/nvml_reader.h"
 
 #include <cstdlib>
@@ -18,35 +15,20 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include "client/cpp/nvml_abi.h"
+
 namespace dispatchd::client {
 namespace {
 
-using NvmlReturn = int;  // nvmlReturn_t
-// NVML's device handle: a pointer to a type it never defines.
-using NvmlDevice = struct NvmlDeviceHandle*;
-
-constexpr NvmlReturn kNvmlSuccess = 0;
-constexpr NvmlReturn kNvmlErrorInsufficientSize = 7;
-// NVML_DEVICE_NAME_V2_BUFFER_SIZE and NVML_DEVICE_UUID_V2_BUFFER_SIZE.
-constexpr unsigned kNameBufferSize = 96;
-constexpr unsigned kUuidBufferSize = 96;
-// NVML_VALUE_NOT_AVAILABLE, which usedGpuMemory holds where the driver may not tell.
-constexpr unsigned long long kNvmlValueNotAvailable = ~0ULL;
-
-// nvmlMemory_t.
-struct NvmlMemory {
-  unsigned long long total;
-  unsigned long long free;
-  unsigned long long used;
-};
-
-// nvmlProcessInfo_t, as nvmlDeviceGetComputeRunningProcesses_v3 fills it.
-struct NvmlProcessInfo {
-  unsigned int pid;
-  unsigned long long used_gpu_memory;
-  unsigned int gpu_instance_id;
-  unsigned int compute_instance_id;
-};
+using nvml_abi::kErrorInsufficientSize;
+using nvml_abi::kNameBufferSize;
+using nvml_abi::kSuccess;
+using nvml_abi::kUuidBufferSize;
+using nvml_abi::kValueNotAvailable;
+using NvmlReturn = nvml_abi::Return;
+using NvmlDevice = nvml_abi::Device;
+using NvmlMemory = nvml_abi::Memory;
+using NvmlProcessInfo = nvml_abi::ProcessInfo;
 
 // The parent of `pid` from /proc/PID/stat ("pid (comm) state ppid ..."); 0 if unknown.
 pid_t ParentOf(pid_t pid) {
@@ -76,15 +58,15 @@ bool IsOwn(pid_t pid) {
 }  // namespace
 
 struct NvmlReader::Api {
-  NvmlReturn (*init)();
-  NvmlReturn (*shutdown)();
-  const char* (*error_string)(NvmlReturn);
-  NvmlReturn (*get_count)(unsigned*);
-  NvmlReturn (*get_handle)(unsigned, NvmlDevice*);
-  NvmlReturn (*get_memory)(NvmlDevice, NvmlMemory*);
-  NvmlReturn (*get_name)(NvmlDevice, char*, unsigned);
-  NvmlReturn (*get_uuid)(NvmlDevice, char*, unsigned);
-  NvmlReturn (*get_processes)(NvmlDevice, unsigned*, NvmlProcessInfo*);
+  nvml_abi::InitFn* init;
+  nvml_abi::ShutdownFn* shutdown;
+  nvml_abi::ErrorStringFn* error_string;
+  nvml_abi::GetCountFn* get_count;
+  nvml_abi::GetHandleFn* get_handle;
+  nvml_abi::GetMemoryFn* get_memory;
+  nvml_abi::GetNameFn* get_name;
+  nvml_abi::GetUuidFn* get_uuid;
+  nvml_abi::GetProcessesFn* get_processes;
 
   std::string Error(const char* call, NvmlReturn rc) const {
     const char* text = error_string(rc);
@@ -123,7 +105,7 @@ absl::StatusOr<std::unique_ptr<NvmlReader>> NvmlReader::Open(const std::string& 
     dlclose(handle);
     return absl::UnavailableError(absl::StrCat(library, " has no ", missing));
   }
-  if (NvmlReturn rc = api->init(); rc != kNvmlSuccess) {
+  if (NvmlReturn rc = api->init(); rc != kSuccess) {
     std::string why = api->Error("nvmlInit_v2", rc);
     dlclose(handle);
     return absl::UnavailableError(why);
@@ -141,17 +123,17 @@ NvmlReader::~NvmlReader() {
 
 absl::StatusOr<std::vector<GpuReading>> NvmlReader::Read() const {
   unsigned count = 0;
-  if (NvmlReturn rc = api_->get_count(&count); rc != kNvmlSuccess) {
+  if (NvmlReturn rc = api_->get_count(&count); rc != kSuccess) {
     return absl::UnavailableError(api_->Error("nvmlDeviceGetCount_v2", rc));
   }
   std::vector<NvmlDevice> devices(count);
   std::vector<std::string> uuids(count);
   for (unsigned i = 0; i < count; ++i) {
-    if (NvmlReturn rc = api_->get_handle(i, &devices[i]); rc != kNvmlSuccess) {
+    if (NvmlReturn rc = api_->get_handle(i, &devices[i]); rc != kSuccess) {
       return absl::UnavailableError(api_->Error("nvmlDeviceGetHandleByIndex_v2", rc));
     }
     char uuid[kUuidBufferSize] = {};
-    if (api_->get_uuid(devices[i], uuid, sizeof uuid) == kNvmlSuccess) uuids[i] = uuid;
+    if (api_->get_uuid(devices[i], uuid, sizeof uuid) == kSuccess) uuids[i] = uuid;
   }
   const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
   std::vector<GpuReading> out;
@@ -160,29 +142,29 @@ absl::StatusOr<std::vector<GpuReading>> NvmlReader::Read() const {
     NvmlDevice device = devices[static_cast<unsigned>(i)];
     GpuReading gpu{.index = i, .uuid = uuids[static_cast<unsigned>(i)]};
     NvmlMemory memory{};
-    if (NvmlReturn rc = api_->get_memory(device, &memory); rc != kNvmlSuccess) {
+    if (NvmlReturn rc = api_->get_memory(device, &memory); rc != kSuccess) {
       return absl::UnavailableError(api_->Error("nvmlDeviceGetMemoryInfo", rc));
     }
     gpu.memory_total_bytes = static_cast<int64_t>(memory.total);
     gpu.memory_used_bytes = static_cast<int64_t>(memory.used);
     char name[kNameBufferSize] = {};
-    if (api_->get_name(device, name, sizeof name) == kNvmlSuccess) gpu.name = name;
+    if (api_->get_name(device, name, sizeof name) == kSuccess) gpu.name = name;
     // The process list: asked for with room for a few more than there were, as it may grow
     // between the two calls.
     std::vector<NvmlProcessInfo> processes;
     unsigned n = 0;
     NvmlReturn rc = api_->get_processes(device, &n, nullptr);
-    for (int attempt = 0; attempt < 3 && rc == kNvmlErrorInsufficientSize; ++attempt) {
+    for (int attempt = 0; attempt < 3 && rc == kErrorInsufficientSize; ++attempt) {
       processes.resize(n + 8);
       n = static_cast<unsigned>(processes.size());
       rc = api_->get_processes(device, &n, processes.data());
     }
-    if (rc == kNvmlSuccess) {
+    if (rc == kSuccess) {
       int64_t own = 0;
       bool known = true;
       for (unsigned p = 0; p < n && p < processes.size(); ++p) {
         if (!IsOwn(static_cast<pid_t>(processes[p].pid))) continue;
-        if (processes[p].used_gpu_memory == kNvmlValueNotAvailable) known = false;
+        if (processes[p].used_gpu_memory == kValueNotAvailable) known = false;
         own += static_cast<int64_t>(processes[p].used_gpu_memory);
       }
       if (known) gpu.memory_used_by_worker_bytes = own;

@@ -24,6 +24,8 @@
 
 #include <unistd.h>
 
+#include "client/cpp/nvml_abi.h"
+
 namespace {
 
 constexpr int kSuccess = 0;
@@ -109,35 +111,25 @@ void CopyOut(const std::string& text, char* out, unsigned length) {
 
 }  // namespace
 
+// Each function has the type client/cpp/nvml_abi.h gives it, which the reader calls it through.
+namespace nvml = dispatchd::nvml_abi;
+
 extern "C" {
 
-struct NvmlMemory {
-  unsigned long long total;
-  unsigned long long free;
-  unsigned long long used;
-};
-
-struct NvmlProcessInfo {
-  unsigned pid;
-  unsigned long long used_gpu_memory;
-  unsigned gpu_instance_id;
-  unsigned compute_instance_id;
-};
-
-__attribute__((visibility("default"))) int nvmlInit_v2() {
+__attribute__((visibility("default"))) nvml::Return nvmlInit_v2() {
   State s = Load();
   if (!s.readable || s.failures.count("init") > 0) return kErrorDriverNotLoaded;
   ++g_initialized;
   return kSuccess;
 }
 
-__attribute__((visibility("default"))) int nvmlShutdown() {
+__attribute__((visibility("default"))) nvml::Return nvmlShutdown() {
   if (g_initialized == 0) return kErrorUninitialized;
   --g_initialized;
   return kSuccess;
 }
 
-__attribute__((visibility("default"))) const char* nvmlErrorString(int result) {
+__attribute__((visibility("default"))) const char* nvmlErrorString(nvml::Return result) {
   switch (result) {
     case kSuccess:
       return "Success";
@@ -154,22 +146,22 @@ __attribute__((visibility("default"))) const char* nvmlErrorString(int result) {
   }
 }
 
-__attribute__((visibility("default"))) int nvmlDeviceGetCount_v2(unsigned* count) {
+__attribute__((visibility("default"))) nvml::Return nvmlDeviceGetCount_v2(unsigned* count) {
   if (g_initialized == 0) return kErrorUninitialized;
   *count = static_cast<unsigned>(Load().devices.size());
   return kSuccess;
 }
 
-__attribute__((visibility("default"))) int nvmlDeviceGetHandleByIndex_v2(unsigned index,
-                                                                         void** device) {
+__attribute__((visibility("default"))) nvml::Return nvmlDeviceGetHandleByIndex_v2(
+    unsigned index, nvml::Device* device) {
   if (g_initialized == 0) return kErrorUninitialized;
   if (index >= Load().devices.size() || index >= 64) return kErrorInvalidArgument;
-  *device = &g_slots[index];
+  *device = reinterpret_cast<nvml::Device>(&g_slots[index]);
   return kSuccess;
 }
 
-__attribute__((visibility("default"))) int nvmlDeviceGetMemoryInfo(void* device,
-                                                                   NvmlMemory* memory) {
+__attribute__((visibility("default"))) nvml::Return nvmlDeviceGetMemoryInfo(nvml::Device device,
+                                                                            nvml::Memory* memory) {
   if (g_initialized == 0) return kErrorUninitialized;
   State s = Load();
   const int i = IndexOf(device, s);
@@ -182,8 +174,8 @@ __attribute__((visibility("default"))) int nvmlDeviceGetMemoryInfo(void* device,
   return kSuccess;
 }
 
-__attribute__((visibility("default"))) int nvmlDeviceGetName(void* device, char* name,
-                                                             unsigned length) {
+__attribute__((visibility("default"))) nvml::Return nvmlDeviceGetName(nvml::Device device,
+                                                                      char* name, unsigned length) {
   if (g_initialized == 0) return kErrorUninitialized;
   State s = Load();
   const int i = IndexOf(device, s);
@@ -192,8 +184,8 @@ __attribute__((visibility("default"))) int nvmlDeviceGetName(void* device, char*
   return kSuccess;
 }
 
-__attribute__((visibility("default"))) int nvmlDeviceGetUUID(void* device, char* uuid,
-                                                             unsigned length) {
+__attribute__((visibility("default"))) nvml::Return nvmlDeviceGetUUID(nvml::Device device,
+                                                                      char* uuid, unsigned length) {
   if (g_initialized == 0) return kErrorUninitialized;
   State s = Load();
   const int i = IndexOf(device, s);
@@ -202,8 +194,8 @@ __attribute__((visibility("default"))) int nvmlDeviceGetUUID(void* device, char*
   return kSuccess;
 }
 
-__attribute__((visibility("default"))) int nvmlDeviceGetComputeRunningProcesses_v3(
-    void* device, unsigned* count, NvmlProcessInfo* infos) {
+__attribute__((visibility("default"))) nvml::Return nvmlDeviceGetComputeRunningProcesses_v3(
+    nvml::Device device, unsigned* count, nvml::ProcessInfo* infos) {
   if (g_initialized == 0) return kErrorUninitialized;
   State s = Load();
   const int i = IndexOf(device, s);
