@@ -34,7 +34,7 @@ for arg in "$@"; do
   case $arg in
     --no-install) install=0 ;;
     --help)
-      sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+      sed -n '2,23p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
       exit 0
       ;;
     *) ctest_args+=("$arg") ;;
@@ -43,6 +43,21 @@ done
 
 start=$SECONDS
 if ((install)); then bash deploy/install-deps.sh; fi
+command -v clang++-14 >/dev/null || {
+  echo "sanitize: clang++-14 not found; run deploy/install-deps.sh" >&2
+  exit 1
+}
+
+# CMake cannot switch a tree to another compiler in place: a sanitizer tree made with g++ (as
+# this script made them before) is made afresh. Any other tree there is left alone, and refused.
+cache=$BUILD_DIR/CMakeCache.txt
+if [[ -f $cache ]] && ! grep -q '^CMAKE_CXX_COMPILER:.*clang++-14$' "$cache"; then
+  if ! grep -q '^CMAKE_CXX_FLAGS:.*-fsanitize=address' "$cache"; then
+    echo "sanitize: $BUILD_DIR holds another build tree; set SANITIZE_BUILD_DIR" >&2
+    exit 1
+  fi
+  rm -rf "${BUILD_DIR:?}"
+fi
 
 reports=$ROOT/$BUILD_DIR/sanitizer-reports
 mkdir -p "$BUILD_DIR"
@@ -74,16 +89,11 @@ finish() {
 trap finish EXIT
 
 echo "sanitize: === build ($BUILD_DIR) ==="
-# CMake cannot switch a tree to another compiler in place: one made with g++ is made afresh.
-if [[ -n $BUILD_DIR && -f $BUILD_DIR/CMakeCache.txt ]] &&
-  ! grep -q '^CMAKE_CXX_COMPILER:.*clang++-14$' "$BUILD_DIR/CMakeCache.txt"; then
-  rm -rf "$BUILD_DIR"
-fi
 flags="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
 # FMT_CONSTEVAL empty: clang 14 destroys some temporaries of a consteval call too late, which ASan
 # reports as a use after scope (tests/fuzz/run.sh says more).
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_CXX_FLAGS="$flags" \
+  -DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_CXX_FLAGS="$flags" \
   -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O0 -g1 -DNDEBUG -DFMT_CONSTEVAL=" \
   -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" \
   -DDISPATCHD_BUILD_TESTS=ON -DDISPATCHD_BUILD_BENCH=OFF -DDISPATCHD_TCMALLOC=OFF >/dev/null
