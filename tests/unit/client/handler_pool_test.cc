@@ -53,7 +53,8 @@ TEST(HandlerPoolTest, TasksHandedOverTogetherAllRunAtOnce) {
 TEST(HandlerPoolTest, ATaskHandedOverWhileOthersRunStartsWithoutWaitingForThem) {
   absl::Notification release, third_ran;
   std::atomic<int> blockers_ended = 0;
-  int ended_before_third = -1;
+  // Written by the third task, which may still run after a failed wait.
+  std::atomic<int> ended_before_third = -1;
   Rendezvous started(3);  // the two tasks and this thread
   // Declared after what its tasks touch, so that it is destroyed first: its destructor waits for
   // the blocked tasks, which still run after the last check.
@@ -73,7 +74,7 @@ TEST(HandlerPoolTest, ATaskHandedOverWhileOthersRunStartsWithoutWaitingForThem) 
   EXPECT_TRUE(third_ran.WaitForNotificationWithTimeout(kWait));
   release.Notify();
   // Run behind a blocked task, it would have started only once that one gave up waiting.
-  EXPECT_EQ(ended_before_third, 0);
+  EXPECT_EQ(ended_before_third.load(), 0);
 }
 
 TEST(HandlerPoolTest, DestroyingThePoolRunsEveryTaskHandedOver) {
