@@ -9,9 +9,14 @@
 
 namespace dispatchd::nvml_abi {
 
-using Return = int;  // nvmlReturn_t
+using Return = int;  // nvmlReturn_t: the values of it that the reader and the stand-in use
 inline constexpr Return kSuccess = 0;
+inline constexpr Return kErrorUninitialized = 1;
+inline constexpr Return kErrorInvalidArgument = 2;
+inline constexpr Return kErrorNotSupported = 3;
 inline constexpr Return kErrorInsufficientSize = 7;
+inline constexpr Return kErrorDriverNotLoaded = 9;
+inline constexpr Return kErrorGpuIsLost = 15;
 
 // nvmlDevice_t: a pointer to a type NVML never defines.
 struct DeviceHandle;

@@ -28,13 +28,13 @@
 
 namespace {
 
-constexpr int kSuccess = 0;
-constexpr int kErrorUninitialized = 1;
-constexpr int kErrorInvalidArgument = 2;
-constexpr int kErrorNotSupported = 3;
-constexpr int kErrorInsufficientSize = 7;
-constexpr int kErrorDriverNotLoaded = 9;
-constexpr int kErrorGpuIsLost = 15;
+using dispatchd::nvml_abi::kErrorDriverNotLoaded;
+using dispatchd::nvml_abi::kErrorGpuIsLost;
+using dispatchd::nvml_abi::kErrorInsufficientSize;
+using dispatchd::nvml_abi::kErrorInvalidArgument;
+using dispatchd::nvml_abi::kErrorNotSupported;
+using dispatchd::nvml_abi::kErrorUninitialized;
+using dispatchd::nvml_abi::kSuccess;
 
 struct Device {
   unsigned long long total = 0;
