@@ -58,7 +58,9 @@ void Dispatcher::CommitTurn(absl::Time now) {
                .state = w.kind == WriteKind::kSucceed ? JobState::kSucceeded : JobState::kFailed,
                .result = w.result,
                .error = w.error,
-               .ran = w.ran});
+               .ran = w.ran,
+               // Answered() tells a waiting RunSync the row from these times.
+               .row_times = w.attempt <= 1 && events_.Watched(id)});
           break;
         case WriteKind::kRetry:
           // A failure that is not a result (a timeout, a lost worker) reports no run time; the
@@ -136,8 +138,9 @@ void Dispatcher::FinishTurn(Turn turn, TurnResult result) {
   absl::flat_hash_set<std::string> finished(out.finished.begin(), out.finished.end());
   absl::flat_hash_map<std::string, const store::TurnOutcome::Times*> times;
   if (out.finished_times.size() == out.finished.size()) {
-    for (size_t i = 0; i < out.finished.size(); ++i)
-      times[out.finished[i]] = &out.finished_times[i];
+    for (size_t i = 0; i < out.finished.size(); ++i) {
+      if (out.finished_times[i].has_value()) times[out.finished[i]] = &*out.finished_times[i];
+    }
   }
   absl::flat_hash_set<std::string> marked(out.marked.begin(), out.marked.end());
   absl::flat_hash_set<std::string> retried(out.retried.begin(), out.retried.end());

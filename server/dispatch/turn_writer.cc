@@ -1,5 +1,6 @@
 #include "server/dispatch/turn_writer.h"
 
+#include <optional>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -83,7 +84,9 @@ TurnResult TurnWriter::Write(const store::TurnWrites& writes) {
       for (std::string& id : *from) to->push_back(std::move(id));
     }
     for (std::string& p : o->claimed_payloads) r.out.claimed_payloads.push_back(std::move(p));
-    for (store::TurnOutcome::Times& t : o->finished_times) r.out.finished_times.push_back(t);
+    for (std::optional<store::TurnOutcome::Times>& t : o->finished_times) {
+      r.out.finished_times.push_back(t);
+    }
   };
   alone(&r.finishes, [&](store::TurnWrites& w) { w.finishes = writes.finishes; });
   alone(&r.marks, [&](store::TurnWrites& w) { w.marks = writes.marks; });

@@ -41,6 +41,9 @@ struct FinishRequest {
   // How long the attempt ran, if known. A row still DISPATCHED (its RUNNING mark never written:
   // the outcome came first) records started_at as its finish less this.
   absl::Duration ran = absl::InfiniteDuration();
+  // Whether WriteTurn reads the row's times back (TurnOutcome::finished_times): for a job someone
+  // waits on, whose answer is the row.
+  bool row_times = false;
 };
 
 // One accept to record: DISPATCHED at attempt - 1 -> RUNNING at attempt on worker_id (or a
@@ -87,7 +90,8 @@ struct TurnOutcome {
   // The ids that changed, as FinishMany, MarkRunningMany, Claim, Retry and ReturnToQueue say.
   std::vector<std::string> finished, marked, claimed, retried, returned;
   std::vector<std::string> claimed_payloads;  // the payload of each claimed job, as Claim's
-  // The times of each finished job's row as committed, by `finished`'s index.
+  // The times of each finished job's row as committed, by `finished`'s index, for the finishes
+  // that asked (FinishRequest::row_times); nullopt for the others.
   struct Times {
     absl::Time created_at = absl::InfinitePast();
     absl::Time dispatched_at = absl::InfinitePast();
@@ -95,7 +99,7 @@ struct TurnOutcome {
     absl::Time finished_at = absl::InfinitePast();
     absl::Time not_before = absl::InfinitePast();  // the spec's, or a retry's
   };
-  std::vector<Times> finished_times;
+  std::vector<std::optional<Times>> finished_times;
 };
 
 // The QUEUED jobs of one queue (a job type and a fairness key), as the dispatcher pages them.

@@ -81,7 +81,7 @@ std::vector<std::string> ExecFinishes(pqxx::transaction_base& txn,
                                       const std::vector<FinishRequest>& reqs, int64_t epoch) {
   const FinishColumns f(reqs);
   return Ids(txn.exec_prepared(kFinishMany.name, f.ids, f.attempts, f.states, f.results, f.errors,
-                               f.ran_us, epoch));
+                               f.ran_us, f.row_times, epoch));
 }
 
 // Runs `exec(txn, epoch)`, a fenced batch write returning the ids it changed, in a statement of
@@ -217,17 +217,21 @@ absl::StatusOr<TurnOutcome> PgJobStore::WriteTurn(const TurnWrites& writes) {
     TurnOutcome out;
     if (batch) {
       pqxx::result rows = txn.exec_prepared(kWriteTurn.name, f.ids, f.attempts, f.states, f.results,
-                                            f.errors, f.ran_us, m.ids, m.attempts, m.workers, c.ids,
-                                            c.attempts, c.workers, epoch);
+                                            f.errors, f.ran_us, f.row_times, m.ids, m.attempts,
+                                            m.workers, c.ids, c.attempts, c.workers, epoch);
       for (const pqxx::row& row : rows) {
         const std::string kind = TextFromField(row[0]);
         if (kind == "f") {
           out.finished.push_back(TextFromField(row[1]));
-          out.finished_times.push_back({.created_at = MicrosField(row[3]),
-                                        .dispatched_at = MicrosField(row[4]),
-                                        .started_at = MicrosField(row[5]),
-                                        .finished_at = MicrosField(row[6]),
-                                        .not_before = MicrosField(row[7])});
+          if (row[6].is_null()) {  // not asked for: finished_at is never NULL when it is
+            out.finished_times.emplace_back();
+          } else {
+            out.finished_times.push_back(TurnOutcome::Times{.created_at = MicrosField(row[3]),
+                                                            .dispatched_at = MicrosField(row[4]),
+                                                            .started_at = MicrosField(row[5]),
+                                                            .finished_at = MicrosField(row[6]),
+                                                            .not_before = MicrosField(row[7])});
+          }
         } else if (kind == "m") {
           out.marked.push_back(TextFromField(row[1]));
         } else {

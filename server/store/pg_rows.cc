@@ -304,7 +304,10 @@ FinishColumns::FinishColumns(const std::vector<FinishRequest>& reqs) {
   std::vector<std::string> id, state, result, error;
   std::vector<int32_t> attempt;
   std::vector<int64_t> ran;
+  std::string times = "{";
   for (const FinishRequest& r : reqs) {
+    if (times.size() > 1) times += ',';
+    times += r.row_times ? 't' : 'f';
     id.push_back(r.job_id);
     attempt.push_back(r.attempt);
     state.emplace_back(job::ToString(r.state));
@@ -318,6 +321,7 @@ FinishColumns::FinishColumns(const std::vector<FinishRequest>& reqs) {
   results = TextArrayLiteral(result);
   errors = TextArrayLiteral(error);
   ran_us = IntArrayLiteral(ran);
+  row_times = std::move(times) + "}";
 }
 
 absl::Status CheckNoNul(absl::string_view field, absl::string_view value) {

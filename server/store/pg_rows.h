@@ -138,7 +138,7 @@ int64_t RanMicros(absl::Duration ran);
 
 // The parameters of the finishes' arrays, run times as RanMicros gives them.
 struct FinishColumns {
-  std::string ids, attempts, states, results, errors, ran_us;
+  std::string ids, attempts, states, results, errors, ran_us, row_times;
 
   explicit FinishColumns(const std::vector<FinishRequest>& reqs);
 };

@@ -317,25 +317,26 @@ WHERE id = $1 AND )sql" DISPATCHD_PG_STATE_IS("", "'DISPATCHED' THEN attempt = $
 // run one alone, WriteTurn all three in one statement.
 //
 // Finishes: ids $a, attempts $b, terminal states $c, results $d (hex, so that a text array
-// carries any bytes), errors $e, run times in us $f (-1: unknown). `done` holds the ids finished.
-// An outcome that overtook its RUNNING mark (the row still DISPATCHED at the attempt before)
-// counts, and records started_at as its finish less its run time.
-#define DISPATCHD_PG_FINISHES(a, b, c, d, e, f) \
+// carries any bytes), errors $e, run times in us $f (-1: unknown), and $g whether the caller
+// reads the row's times back (FinishRequest::row_times). `moved` holds the rows finished, with
+// their new started_at. An outcome that overtook its RUNNING mark (the row still DISPATCHED at
+// the attempt before) counts, and records started_at as its finish less its run time.
+#define DISPATCHD_PG_FINISHES(a, b, c, d, e, f, g) \
   "f_req AS (SELECT * FROM unnest($" #a "::text[], $" #b "::int4[], $" #c "::text[], $" #d   \
-  "::text[], $" #e "::text[], $" #f "::int8[]) AS r(id, attempt, state, result_hex, error, "  \
-  "ran_us)), "                                                                                \
+  "::text[], $" #e "::text[], $" #f "::int8[], $" #g "::bool[]) AS r(id, attempt, state, "    \
+  "result_hex, error, ran_us, row_times)), "                                                  \
   "moved AS (DELETE FROM jobs_active j USING f_req r WHERE " DISPATCHD_PG_KEY_IS("r.id")      \
   " AND "                                                                                     \
   DISPATCHD_PG_STATE_IS("j.", "'RUNNING' THEN j.attempt = r.attempt WHEN 'DISPATCHED' THEN "  \
                               "j.attempt = r.attempt - 1")                                    \
   " AND EXISTS (SELECT 1 FROM fence) "                                                        \
   "RETURNING j.*, r.state AS new_state, r.attempt AS new_attempt, r.result_hex, "             \
-  "r.error AS new_error, r.ran_us), "                                                         \
-  "done AS (" DISPATCHD_PG_INSERT_DONE_STARTED(                                               \
-      "m.new_state", "m.new_attempt", "decode(m.result_hex, 'hex')", "m.new_error",           \
-      "CASE WHEN m.state = 'DISPATCHED' AND m.ran_us >= 0 "                                   \
-      "THEN now() - m.ran_us * interval '1 microsecond' ELSE m.started_at END")               \
-  " RETURNING id, created_at, dispatched_at, started_at, finished_at, not_before)"
+  "r.error AS new_error, CASE WHEN j.state = 'DISPATCHED' AND r.ran_us >= 0 "                 \
+  "THEN now() - r.ran_us * interval '1 microsecond' ELSE j.started_at END AS new_started_at, " \
+  "r.row_times), "                                                                            \
+  "done AS (" DISPATCHD_PG_INSERT_DONE_STARTED("m.new_state", "m.new_attempt",                \
+                                               "decode(m.result_hex, 'hex')", "m.new_error",  \
+                                               "m.new_started_at") ")"
 // RUNNING marks (kMarkRunning for each): ids $a, attempts $b, worker ids $c. `marked` holds the
 // ids marked.
 #define DISPATCHD_PG_MARKS(a, b, c) \
@@ -367,10 +368,10 @@ WHERE id = $1 AND )sql" DISPATCHD_PG_STATE_IS("", "'DISPATCHED' THEN attempt = $
   "WHERE j.ctid = h.tid "                                                                     \
   "RETURNING j.id, j.payload)"
 
-// $1..$6 the finishes, $7 epoch. Returns the ids finished.
+// $1..$7 the finishes, $8 epoch. Returns the ids finished.
 inline constexpr Statement kFinishMany{"finish_many",
-                                       "WITH " DISPATCHD_PG_FENCE(7) ", " DISPATCHD_PG_FINISHES(
-                                           1, 2, 3, 4, 5, 6) " SELECT id FROM done"};
+                                       "WITH " DISPATCHD_PG_FENCE(8) ", " DISPATCHD_PG_FINISHES(
+                                           1, 2, 3, 4, 5, 6, 7) " SELECT id FROM moved"};
 
 // $1..$3 the marks, $4 epoch. Returns the ids marked.
 inline constexpr Statement kMarkRunningMany{
@@ -382,19 +383,23 @@ inline constexpr Statement kClaim{"claim", "WITH " DISPATCHD_PG_FENCE(4) ", " DI
                                                1, 2, 3) " SELECT id, payload FROM claimed"};
 
 // A whole turn in one statement, so one round trip and one commit (the rows of the three kinds
-// are disjoint, which data-modifying CTEs of one statement need): $1..$6 the finishes, $7..$9
-// the marks, $10..$12 the claims, $13 epoch. Returns (kind, id, payload, created, dispatched,
-// started, finished, not_before): 'f' finished (with its row's times, us since the epoch, so
-// that the dispatcher can tell RunSync the row without a read; a retry moved not_before), 'm'
-// marked, 'c' claimed (with its payload).
+// are disjoint, which data-modifying CTEs of one statement need): $1..$7 the finishes, $8..$10
+// the marks, $11..$13 the claims, $14 epoch. Returns (kind, id, payload, created, dispatched,
+// started, finished, not_before): 'f' finished (with its row's times as the finish committed
+// them, us since the epoch, where the finish asked for them: the dispatcher then tells RunSync
+// the row without a read; a retry moved not_before), 'm' marked, 'c' claimed (with its payload).
+// Each time costs PostgreSQL a numeric conversion, about half a microsecond, so a job nobody
+// waits on gets none. finished_at is the transaction's now(), as `done` writes it.
 inline constexpr Statement kWriteTurn{
-    "write_turn", "WITH " DISPATCHD_PG_FENCE(13) ", " DISPATCHD_PG_FINISHES(1, 2, 3, 4, 5, 6) ", "
-        DISPATCHD_PG_MARKS(7, 8, 9) ", " DISPATCHD_PG_CLAIMS(10, 11, 12)
-        " SELECT 'f', id, NULL::bytea, (extract(epoch FROM created_at) * 1000000)::int8, "
-        "(extract(epoch FROM dispatched_at) * 1000000)::int8, "
-        "(extract(epoch FROM started_at) * 1000000)::int8, "
-        "(extract(epoch FROM finished_at) * 1000000)::int8, "
-        "(extract(epoch FROM not_before) * 1000000)::int8 FROM done "
+    "write_turn",
+    "WITH " DISPATCHD_PG_FENCE(14) ", " DISPATCHD_PG_FINISHES(1, 2, 3, 4, 5, 6, 7) ", "
+        DISPATCHD_PG_MARKS(8, 9, 10) ", " DISPATCHD_PG_CLAIMS(11, 12, 13)
+        " SELECT 'f', id, NULL::bytea, "
+        "CASE WHEN row_times THEN (extract(epoch FROM created_at) * 1000000)::int8 END, "
+        "CASE WHEN row_times THEN (extract(epoch FROM dispatched_at) * 1000000)::int8 END, "
+        "CASE WHEN row_times THEN (extract(epoch FROM new_started_at) * 1000000)::int8 END, "
+        "CASE WHEN row_times THEN (extract(epoch FROM now()) * 1000000)::int8 END, "
+        "CASE WHEN row_times THEN (extract(epoch FROM not_before) * 1000000)::int8 END FROM moved "
         "UNION ALL SELECT 'm', id, NULL, NULL, NULL, NULL, NULL, NULL FROM marked "
         "UNION ALL SELECT 'c', id, payload, NULL, NULL, NULL, NULL, NULL FROM claimed"};
 

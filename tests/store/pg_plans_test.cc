@@ -174,8 +174,9 @@ TEST_F(PgPlansTest, ATurnReadsTheSameBuffersPerJobWhateverTheQueueHolds) {
     const std::string call = absl::StrCat(
         "EXECUTE write_turn(", Texts(finishes), ", ", Ints(std::vector<int>(finishes.size(), 1)),
         ", ", Texts(f_states), ", ", Texts(empty_texts), ", ", Texts(empty_texts), ", ",
-        Ints(std::vector<int>(finishes.size(), -1)), ", ", Texts(marks), ", ",
-        Ints(std::vector<int>(marks.size(), 1)), ", ",
+        Ints(std::vector<int>(finishes.size(), -1)), ", '{",
+        absl::StrJoin(std::vector<std::string>(finishes.size(), "f"), ","), "}'::bool[], ",
+        Texts(marks), ", ", Ints(std::vector<int>(marks.size(), 1)), ", ",
         Texts(std::vector<std::string>(marks.size(), "w1")), ", ", Texts(claims), ", ",
         Ints(std::vector<int>(claims.size(), 0)), ", ",
         Texts(std::vector<std::string>(claims.size(), "w1")), ", 0)");

@@ -485,12 +485,16 @@ absl::StatusOr<store::TurnOutcome> FakeJobStore::WriteTurn(const store::TurnWrit
   for (const store::FinishRequest& r : writes.finishes) {
     if (!FinishOne(r, now)) continue;
     out.finished.push_back(r.job_id);
+    if (!r.row_times) {
+      out.finished_times.emplace_back();
+      continue;
+    }
     const job::Job* row = Find(r.job_id);
-    out.finished_times.push_back({.created_at = row->created_at,
-                                  .dispatched_at = row->dispatched_at,
-                                  .started_at = row->started_at,
-                                  .finished_at = row->finished_at,
-                                  .not_before = row->spec.not_before});
+    out.finished_times.push_back(store::TurnOutcome::Times{.created_at = row->created_at,
+                                                           .dispatched_at = row->dispatched_at,
+                                                           .started_at = row->started_at,
+                                                           .finished_at = row->finished_at,
+                                                           .not_before = row->spec.not_before});
   }
   for (const store::MarkRequest& m : writes.marks) {
     if (MarkOne(m, now)) out.marked.push_back(m.job_id);
