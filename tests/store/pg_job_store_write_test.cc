@@ -4,6 +4,7 @@
 #include <chrono>
 #include <future>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -390,6 +391,35 @@ TEST_F(PgJobStoreTest, WriteTurnFinishesMarksAndClaimsInOneTransaction) {
                    .claims = {}}),
               StatusIs(absl::StatusCode::kInvalidArgument, "state"));
   EXPECT_THAT(store_->WriteTurn({}), IsOk());
+}
+
+TEST_F(PgJobStoreTest, WriteTurnReturnsTheRowTimesOfTheFinishesThatAskForThem) {
+  for (const char* id : {"j_want", "j_not"}) Insert(MakeJob(id));
+  ASSERT_THAT(store_->Claim({{.job_id = "j_want", .attempt = 0, .worker_id = "w1"},
+                             {.job_id = "j_not", .attempt = 0, .worker_id = "w1"}}),
+              IsOk());
+  absl::StatusOr<TurnOutcome> out = store_->WriteTurn(
+      {.finishes = {{.job_id = "j_want", .attempt = 1, .ran = absl::Seconds(2), .row_times = true},
+                    {.job_id = "j_not", .attempt = 1, .ran = absl::Seconds(2)}}});
+  ASSERT_THAT(out, IsOk());
+  ASSERT_THAT(out->finished, UnorderedElementsAre("j_want", "j_not"));
+  ASSERT_EQ(out->finished_times.size(), 2);
+  for (size_t i = 0; i < 2; ++i) {
+    const std::optional<TurnOutcome::Times>& t = out->finished_times[i];
+    if (out->finished[i] == "j_not") {
+      EXPECT_EQ(t, std::nullopt);
+      continue;
+    }
+    // The times the row was committed with, as a read of it gives them.
+    ASSERT_NE(t, std::nullopt);
+    const Job want = Get("j_want");
+    EXPECT_EQ(t->created_at, want.created_at);
+    EXPECT_EQ(t->dispatched_at, want.dispatched_at);
+    EXPECT_EQ(t->started_at, want.started_at);
+    EXPECT_EQ(t->finished_at, want.finished_at);
+    EXPECT_EQ(t->not_before, want.spec.not_before);
+    EXPECT_EQ(t->finished_at - t->started_at, absl::Seconds(2));
+  }
 }
 
 TEST_F(PgJobStoreTest, WriteTurnRetriesAndReturnsInTheSameTransaction) {
