@@ -59,7 +59,8 @@ void Dispatcher::CommitTurn(absl::Time now) {
                .result = w.result,
                .error = w.error,
                .ran = w.ran,
-               // Answered() tells a waiting RunSync the row from these times.
+               // Answered() tells a waiting RunSync the row from these times; a job past its
+               // first attempt has earlier ones in the row only, and is read.
                .row_times = w.attempt <= 1 && events_.Watched(id)});
           break;
         case WriteKind::kRetry:
@@ -227,10 +228,11 @@ void Dispatcher::Answered(Held& h, bool changed, bool failed, absl::Time now,
               ->info("failed job={} attempt={} error=\"{}\"", id, w.attempt, w.error);
         }
         LogFinished(id, state, w.attempt);
-        if (times != nullptr && w.attempt <= 1 && events_.Watched(id)) {
+        if (times != nullptr) {
           // The row as the finish committed it, but for its spec: a RunSync call that has the
-          // spec answers from it without reading the row back. A job past its first attempt
-          // keeps the earlier ones in the row only, so its RunSync reads the row.
+          // spec answers from it without reading the row back. The turn asked for the times of a
+          // watched job at its first attempt only (CommitTurn): a job past it keeps the earlier
+          // attempts in the row only, so its RunSync reads the row.
           job::Job ended;
           ended.id = id;
           ended.seq = h.job.seq;

@@ -304,10 +304,9 @@ FinishColumns::FinishColumns(const std::vector<FinishRequest>& reqs) {
   std::vector<std::string> id, state, result, error;
   std::vector<int32_t> attempt;
   std::vector<int64_t> ran;
-  std::string times = "{";
+  std::vector<int> times;  // 1 or 0, which PostgreSQL reads as a bool
   for (const FinishRequest& r : reqs) {
-    if (times.size() > 1) times += ',';
-    times += r.row_times ? 't' : 'f';
+    times.push_back(r.row_times ? 1 : 0);
     id.push_back(r.job_id);
     attempt.push_back(r.attempt);
     state.emplace_back(job::ToString(r.state));
@@ -321,7 +320,7 @@ FinishColumns::FinishColumns(const std::vector<FinishRequest>& reqs) {
   results = TextArrayLiteral(result);
   errors = TextArrayLiteral(error);
   ran_us = IntArrayLiteral(ran);
-  row_times = std::move(times) + "}";
+  row_times = IntArrayLiteral(times);
 }
 
 absl::Status CheckNoNul(absl::string_view field, absl::string_view value) {
