@@ -72,7 +72,8 @@ std::string UrlWithDatabase(absl::string_view url, absl::string_view database) {
                       query == absl::string_view::npos ? "" : url.substr(query));
 }
 
-absl::StatusOr<TestDatabase> TestDatabase::Create(absl::string_view prefix) {
+absl::StatusOr<TestDatabase> TestDatabase::Create(absl::string_view prefix,
+                                                  absl::string_view locale) {
   absl::StatusOr<std::string> server_url = ServerUrl();
   if (!server_url.ok()) return server_url.status();
   std::string name = UniqueName(prefix);
@@ -80,7 +81,11 @@ absl::StatusOr<TestDatabase> TestDatabase::Create(absl::string_view prefix) {
     pqxx::connection conn(*server_url);
     pqxx::nontransaction txn(conn);
     // Identifiers cannot be parameters; quote_name escapes the (already restricted) name.
-    txn.exec(absl::StrCat("CREATE DATABASE ", txn.quote_name(name)));
+    std::string create = absl::StrCat("CREATE DATABASE ", txn.quote_name(name));
+    if (!locale.empty()) {
+      absl::StrAppend(&create, " TEMPLATE template0 LOCALE ", txn.quote(std::string(locale)));
+    }
+    txn.exec(create);
   } catch (const std::exception& e) {
     return absl::UnavailableError(absl::StrCat("create test database ", name, ": ", e.what()));
   }

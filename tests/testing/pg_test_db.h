@@ -19,8 +19,11 @@ namespace dispatchd::testing {
 class TestDatabase {
  public:
   // Creates database `<prefix>_<pid>_<counter>_<random>` (prefix lowercased, reduced to
-  // [a-z0-9_]). FailedPrecondition when the fixture's URL is not available.
-  static absl::StatusOr<TestDatabase> Create(absl::string_view prefix);
+  // [a-z0-9_]), with the server's default locale or with `locale` (LC_COLLATE and LC_CTYPE, a
+  // locale the server's machine has). FailedPrecondition when the fixture's URL is not
+  // available.
+  static absl::StatusOr<TestDatabase> Create(absl::string_view prefix,
+                                             absl::string_view locale = "");
 
   TestDatabase(TestDatabase&& other) noexcept;
   TestDatabase& operator=(TestDatabase&& other) noexcept;
