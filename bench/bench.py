@@ -288,6 +288,9 @@ def main():
     g.add_argument("--peer-concurrency", type=int, default=4,
                    help="graphile-worker's concurrency for its latency probes")
     p.add_argument("--pg-url", help="use this PostgreSQL server (a database per run is created)")
+    p.add_argument("--pg-locale",
+                   help="initdb the private server with this locale (e.g. en_US.UTF-8, as many "
+                        "production servers are) instead of C; not with --pg-url")
     p.add_argument("--build", default=os.path.join(REPO, "build"))
     p.add_argument("--pool-size", type=int,
                    help="the daemon's postgres.pool_size (default: the daemon's own default)")
@@ -328,8 +331,12 @@ def main():
     defaults = {"lab": (8, 50)}.get(args.scenario, (4, 64))  # seed 001's 8 x 50 for lab
     args.workers = args.workers or defaults[0]
     args.slots = args.slots or defaults[1]
+    if args.pg_locale and args.pg_url:
+        p.error("--pg-locale sets up the private server; a --pg-url server has its own locale")
     if args.pg_url is None:
         os.environ["DISPATCHD_PG_DURABLE"] = "1"
+        if args.pg_locale:
+            os.environ["DISPATCHD_PG_LOCALE"] = args.pg_locale
         if args.scenario == "profile":
             os.environ["DISPATCHD_PG_OPTIONS"] = profile.PG_OPTIONS
     b = Bench(args)

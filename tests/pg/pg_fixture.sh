@@ -14,7 +14,9 @@
 # Environment: DISPATCHD_PG_BIN overrides the server binaries' directory; DISPATCHD_PG_DURABLE=1
 # keeps PostgreSQL's durable defaults (fsync, synchronous_commit, full_page_writes on), as a
 # production server runs, for benchmarks; DISPATCHD_PG_OPTIONS adds server options (`-c name=value`
-# ...), e.g. the libraries a profile loads.
+# ...), e.g. the libraries a profile loads; DISPATCHD_PG_LOCALE=LOCALE makes the server's
+# databases sort and classify text by LOCALE (e.g. en_US.UTF-8, as many production servers are
+# set up) instead of "C".
 set -euo pipefail
 
 PG_BIN=${DISPATCHD_PG_BIN:-/usr/lib/postgresql/15/bin}
@@ -113,8 +115,10 @@ start() {
     chown "$run_user" "$tmpdir" || die "cannot chown $tmpdir to $run_user"
   fi
 
+  local locale=--no-locale
+  [[ -n ${DISPATCHD_PG_LOCALE:-} ]] && locale=--locale=$DISPATCHD_PG_LOCALE
   if ! run_as "$tmpdir" "$PG_BIN/initdb" -D "$datadir" -U dispatchd --auth=trust -E UTF8 \
-    --no-locale --no-sync >"$tmpdir/initdb.log" 2>&1; then
+    "$locale" --no-sync >"$tmpdir/initdb.log" 2>&1; then
     tail -n 20 "$tmpdir/initdb.log" >&2 || true
     die "initdb failed (log: $tmpdir/initdb.log)"
   fi
