@@ -215,7 +215,7 @@ TEST_F(PgJobStoreTest, ConcurrentConnectsMigrateOnce) {
 }
 
 // Under a database locale such as en_US.UTF-8, an index on a text column compares its keys with
-// strcoll(), which made PostgreSQL spend about 1.4 times the CPU per drained job. The daemon's
+// strcoll(), which made PostgreSQL spend about 1.5 times the CPU per drained job. The daemon's
 // key columns sort by bytes whatever the locale (migration 11), so that every index of its
 // tables compares with memcmp(). C.UTF-8 is a locale other than "C" that every glibc since 2.35
 // carries.
