@@ -547,15 +547,22 @@ inline constexpr Statement kAllStatements[] = {
 // PostgreSQL would compile it, inlined and optimized, on every run: some 200 ms of CPU for a
 // statement of microseconds (forget_accounts, once a second). The daemon's statements are all
 // short, so its sessions compile none (jit off), scans (kUnpinForScan) included.
+//
+// Pinned, a statement's plan no longer depends on its parameters' values, so each is planned once
+// per session (force_generic_plan). Left to choose, PostgreSQL plans a statement again on every
+// run while a plan for the values at hand looks cheaper than the generic one, which it does for
+// the arrays of a single job: at light load each turn that finished one job spent about 1 ms
+// planning write_turn, for 0.2 ms of execution (docs/benchmarks.md).
 inline constexpr char kPinPointPlans[] =
     "SET enable_seqscan = off; SET enable_bitmapscan = off; SET enable_hashjoin = off; "
-    "SET enable_mergejoin = off; SET enable_material = off; SET jit = off";
+    "SET enable_mergejoin = off; SET enable_material = off; SET jit = off; "
+    "SET plan_cache_mode = force_generic_plan";
 
 // Gives the planner back what kPinPointPlans took, for the transaction it runs in (JIT stays off).
 inline constexpr char kUnpinForScan[] =
     "SET LOCAL enable_seqscan TO DEFAULT; SET LOCAL enable_bitmapscan TO DEFAULT; "
     "SET LOCAL enable_hashjoin TO DEFAULT; SET LOCAL enable_mergejoin TO DEFAULT; "
-    "SET LOCAL enable_material TO DEFAULT";
+    "SET LOCAL enable_material TO DEFAULT; SET LOCAL plan_cache_mode TO DEFAULT";
 
 // Runs an Access::kScan statement in a read-only transaction of its own, planned with every plan
 // PostgreSQL has. Each such statement is always run this way, so the plan a session keeps for it
