@@ -180,23 +180,19 @@ void AddMetricsCollectors(const config::LiveConfig& live, const ha::Leadership& 
       m.rate_tokens.With({model.name}).Set(model.tokens);
       m.rate_waiting.With({model.name}).Set(model.head == sched::WaitReason::kRateLimit ? 1 : 0);
     }
-    const std::vector<v1::WorkerInfo> workers = d->Workers();
-    int64_t busy = 0, slots = 0;
-    for (const v1::WorkerInfo& w : workers) {
-      busy += w.busy();
-      slots += w.slots();
-      m.model_loads.With({w.worker_id()}).Inc(static_cast<double>(w.model_loads()));
+    const dispatch::Dispatcher::WorkerTotals workers = d->Totals();
+    for (const auto& [worker_id, loads] : workers.model_loads) {
+      m.model_loads.With({worker_id}).Inc(static_cast<double>(loads));
     }
     for (const config::JobTypeConfig& type : config->types) {
-      const auto serving = std::count_if(workers.begin(), workers.end(), [&](const auto& w) {
-        return !w.draining() &&
-               std::find(w.types().begin(), w.types().end(), type.name) != w.types().end();
-      });
-      m.type_workers.With({type.name}).Set(static_cast<double>(serving));
+      const auto serving = workers.serving.find(type.name);
+      m.type_workers.With({type.name})
+          .Set(serving == workers.serving.end() ? 0.0 : static_cast<double>(serving->second));
     }
-    m.workers.With({}).Set(static_cast<double>(workers.size()));
-    m.slots.With({"busy"}).Set(static_cast<double>(busy));
-    m.slots.With({"free"}).Set(static_cast<double>(std::max<int64_t>(slots - busy, 0)));
+    m.workers.With({}).Set(static_cast<double>(workers.workers));
+    m.slots.With({"busy"}).Set(static_cast<double>(workers.busy));
+    m.slots.With({"free"}).Set(
+        static_cast<double>(std::max<int64_t>(workers.slots - workers.busy, 0)));
   });
 }
 

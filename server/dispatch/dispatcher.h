@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -118,6 +119,19 @@ class Dispatcher final : public store::Placer {
 
   // Connected workers, by rank. Waits for the loop.
   std::vector<v1::WorkerInfo> Workers();
+  // What the metrics count of the connected workers. Waits for the loop, which builds no
+  // WorkerInfo for it: a scrape of a fleet of 1,000 workers would otherwise copy every type,
+  // label and resident model of each on the loop's thread.
+  struct WorkerTotals {
+    int64_t workers = 0;
+    int64_t busy = 0;
+    int64_t slots = 0;
+    // Type -> the connected workers that serve it and are not draining.
+    absl::flat_hash_map<std::string, int64_t> serving;
+    // Each connected worker's id and the models it has loaded since it connected.
+    std::vector<std::pair<std::string, int64_t>> model_loads;
+  };
+  WorkerTotals Totals();
   // dispatcher_admin.cc, from here to UpdateConfig.
   // The scheduler's queues, caps, buckets and the `max_keys` lowest-cost keys. Waits for the loop.
   sched::SchedulerStats SchedulerStats(size_t max_keys = SIZE_MAX);

@@ -126,7 +126,35 @@ std::vector<v1::WorkerInfo> Dispatcher::Workers() {
     if (stopping_) return {};
   }
   done->WaitForNotificationWithTimeout(absl::Seconds(10));
-  return done->HasBeenNotified() ? *out : std::vector<v1::WorkerInfo>{};
+  // Once notified the loop's task writes *out no more.
+  return done->HasBeenNotified() ? std::move(*out) : std::vector<v1::WorkerInfo>{};
+}
+
+Dispatcher::WorkerTotals Dispatcher::Totals() {
+  auto out = std::make_shared<WorkerTotals>();
+  // A late task may still write *out: read it only if the loop ran it in time.
+  if (!RunOnLoop([this, out] {
+        loop_role_.Assert();
+        for (const sched::WorkerView& w : scheduler_.Workers()) {
+          auto it = sessions_.find(w.id);
+          if (it == sessions_.end() || !it->second.link) continue;
+          ++out->workers;
+          out->busy += w.busy;
+          out->slots += w.slots;
+          out->model_loads.emplace_back(w.id, w.model_loads);
+          if (w.draining) continue;
+          const auto& types = it->second.hello.types();
+          for (int i = 0; i < types.size(); ++i) {
+            // A type the worker named twice serves once.
+            if (std::find(types.begin(), types.begin() + i, types[i]) == types.begin() + i) {
+              ++out->serving[types[i]];
+            }
+          }
+        }
+      })) {
+    return {};
+  }
+  return std::move(*out);
 }
 
 std::optional<v1::WorkerInfo> Dispatcher::DrainWorker(const std::string& worker_id) {

@@ -128,6 +128,8 @@ TEST_F(MetricsTest, SeriesExistAndMoveAsJobsFlow) {
   // Each job placed was decided in some turn.
   EXPECT_GE(Sample(page, "dispatchd_dispatch_decision_seconds_count"), 1);
   EXPECT_EQ(Sample(page, "dispatchd_workers"), 1);
+  EXPECT_EQ(Sample(page, R"(dispatchd_type_workers{type="echo"})"), 1);
+  EXPECT_EQ(Sample(page, R"(dispatchd_type_workers{type="llm"})"), 1);
   EXPECT_EQ(Sample(page, R"(dispatchd_worker_slots{state="free"})"), 4);
   EXPECT_EQ(Sample(page, R"(dispatchd_worker_slots{state="busy"})"), 0);
   EXPECT_EQ(Sample(page, R"(dispatchd_worker_model_loads_total{worker="w"})"), 1)
