@@ -198,6 +198,8 @@ class Dispatcher final : public store::Placer {
   struct Session {
     std::shared_ptr<WorkerLink> link;  // null while disconnected
     v1::Hello hello;
+    // Its Hello's types, each once (a worker may name a type twice), for Totals.
+    std::vector<std::string> distinct_types;
     std::string peer;
     absl::Time connected_at;
     absl::Time last_seen;

@@ -1,6 +1,7 @@
 // The dispatcher's worker streams, and what workers say about their jobs. See dispatcher.h.
 
 #include <algorithm>
+#include <string_view>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
@@ -143,13 +144,7 @@ Dispatcher::WorkerTotals Dispatcher::Totals() {
           out->slots += w.slots;
           out->model_loads.emplace_back(w.id, w.model_loads);
           if (w.draining) continue;
-          const auto& types = it->second.hello.types();
-          for (int i = 0; i < types.size(); ++i) {
-            // A type the worker named twice serves once.
-            if (std::find(types.begin(), types.begin() + i, types[i]) == types.begin() + i) {
-              ++out->serving[types[i]];
-            }
-          }
+          for (const std::string& type : it->second.distinct_types) ++out->serving[type];
         }
       })) {
     return {};
@@ -159,20 +154,23 @@ Dispatcher::WorkerTotals Dispatcher::Totals() {
 
 std::optional<v1::WorkerInfo> Dispatcher::DrainWorker(const std::string& worker_id) {
   auto out = std::make_shared<std::optional<v1::WorkerInfo>>();
-  RunOnLoop([this, out, worker_id] {
-    loop_role_.Assert();
-    auto it = sessions_.find(worker_id);
-    if (it == sessions_.end() || it->second.link == nullptr) return;
-    scheduler_.SetDraining(worker_id, true);
-    v1::DaemonMessage msg;
-    msg.mutable_drain();
-    SendTo(worker_id, std::move(msg));
-    server::Log("dispatch")->info("draining worker={} (operator request)", worker_id);
-    for (v1::WorkerInfo& w : WorkersNow()) {
-      if (w.worker_id() == worker_id) *out = std::move(w);
-    }
-  });
-  return *out;
+  // A late task may still write *out: read it only if the loop ran it in time.
+  if (!RunOnLoop([this, out, worker_id] {
+        loop_role_.Assert();
+        auto it = sessions_.find(worker_id);
+        if (it == sessions_.end() || it->second.link == nullptr) return;
+        scheduler_.SetDraining(worker_id, true);
+        v1::DaemonMessage msg;
+        msg.mutable_drain();
+        SendTo(worker_id, std::move(msg));
+        server::Log("dispatch")->info("draining worker={} (operator request)", worker_id);
+        for (v1::WorkerInfo& w : WorkersNow()) {
+          if (w.worker_id() == worker_id) *out = std::move(w);
+        }
+      })) {
+    return std::nullopt;
+  }
+  return std::move(*out);
 }
 
 bool Dispatcher::StopAssigning(const std::string& why) {
@@ -248,6 +246,11 @@ void Dispatcher::OnHello(const std::shared_ptr<WorkerLink>& link, const v1::Hell
   Session& s = sessions_[worker_id];
   s.link = link;
   s.hello = hello;
+  absl::flat_hash_set<std::string_view> seen;
+  s.distinct_types.clear();
+  for (const std::string& type : hello.types()) {
+    if (seen.insert(type).second) s.distinct_types.push_back(type);
+  }
   s.peer = link->peer();
   s.connected_at = now;
   s.last_seen = now;

@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 #include "tests/unit/server/dispatch/dispatcher_fixture.h"
@@ -145,6 +146,33 @@ TEST_F(DispatcherTest, AHeartbeatIsAppliedBeforeAnythingThatCameAfterIt) {
     ASSERT_EQ(workers[0].models_resident_size(), 1);
     EXPECT_EQ(workers[0].models_resident(0), absl::StrCat("m", used >> 30));
   }
+}
+
+TEST_F(DispatcherTest, TotalsCountTheConnectedWorkersAndTheTypesEachServes) {
+  Start();
+  auto w1 = Connect("w1", /*slots=*/4);
+  // w2 names its one type twice: it serves it once.
+  auto w2 = std::make_shared<Link>();
+  v1::Hello hello;
+  hello.set_worker_id("w2");
+  hello.add_types("echo");
+  hello.add_types("echo");
+  hello.set_slots(2);
+  dispatcher_->WorkerConnected(w2, hello);
+  // A draining worker is connected and has slots, but serves nothing.
+  auto w3 = Connect("w3", /*slots=*/1);
+  ASSERT_TRUE(dispatcher_->DrainWorker("w3").has_value());
+
+  const Dispatcher::WorkerTotals totals = dispatcher_->Totals();
+  EXPECT_EQ(totals.workers, 3);
+  EXPECT_EQ(totals.slots, 7);
+  EXPECT_EQ(totals.busy, 0);
+  ASSERT_TRUE(totals.serving.contains("echo"));
+  EXPECT_EQ(totals.serving.at("echo"), 2);
+  EXPECT_EQ(totals.serving.size(), 1u);
+  std::vector<std::string> ids;
+  for (const auto& [id, loads] : totals.model_loads) ids.push_back(id);
+  EXPECT_THAT(ids, ::testing::UnorderedElementsAre("w1", "w2", "w3"));
 }
 
 }  // namespace
