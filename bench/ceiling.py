@@ -35,9 +35,11 @@ BATCH = 100  # jobs per run of a script
 SCRIPTS = {"claim_complete": True, "insert_claim_complete": False}
 
 # The daemon's planner settings (kPinPointPlans in server/store/pg_statements.h): point plans
-# whatever the statistics say, which matters most to a table that pgbench empties as it runs.
+# whatever the statistics say, which matters most to a table that pgbench empties as it runs,
+# each planned once.
 PIN_POINT_PLANS = ("-c enable_seqscan=off -c enable_bitmapscan=off -c enable_hashjoin=off "
-                   "-c enable_mergejoin=off -c enable_material=off -c jit=off")
+                   "-c enable_mergejoin=off -c enable_material=off -c jit=off "
+                   "-c plan_cache_mode=force_generic_plan")
 
 HOW = "pgbench transactions x 100 / pgbench's seconds (tps without initial connection time x 100)"
 
