@@ -22,11 +22,12 @@ namespace dispatchd::store {
 
 // How the planner may reach a statement's rows. Each statement is planned once per session and
 // its plan kept (a point statement's generic plan from its first run, kPinPointPlans; a scan's
-// as PostgreSQL's plan cache chooses), until the table's statistics change. A plan made while jobs_active was small (a new daemon, a queue
-// just drained) reads the whole table, by sequential scan or hash join, and autovacuum updates
-// the statistics only a minute or more after the queue has grown by thousands: so a plan that
-// cost nothing at its start costs the whole queue on every turn. Sessions are therefore pinned
-// to point plans (kPinPointPlans), and the few statements that read a whole table say so.
+// as PostgreSQL's plan cache chooses), until the table's statistics change. A plan made while
+// jobs_active was small (a new daemon, a queue just drained) reads the whole table, by sequential
+// scan or hash join, and autovacuum updates the statistics only a minute or more after the queue
+// has grown by thousands: so a plan that cost nothing at its start costs the whole queue on every
+// turn. Sessions are therefore pinned to point plans (kPinPointPlans), and the few statements that
+// read a whole table say so.
 enum class Access {
   // Rows named by key, or a bounded range of one index: planned with index and TID scans
   // through nested loops only, whatever the statistics say.
