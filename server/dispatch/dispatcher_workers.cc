@@ -6,7 +6,6 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/notification.h"
 
 #include "lib/sched/memory_throttle.h"
 #include "server/convert/job_proto.h"
@@ -116,19 +115,14 @@ void Dispatcher::WorkerDisconnected(std::shared_ptr<WorkerLink> link) {
 
 std::vector<v1::WorkerInfo> Dispatcher::Workers() {
   auto out = std::make_shared<std::vector<v1::WorkerInfo>>();
-  auto done = std::make_shared<absl::Notification>();
-  Post([this, out, done] {
-    loop_role_.Assert();
-    *out = WorkersNow();
-    done->Notify();
-  });
-  {
-    absl::MutexLock l(&mu_);
-    if (stopping_) return {};
+  // A late task may still write *out: read it only if the loop ran it in time.
+  if (!RunOnLoop([this, out] {
+        loop_role_.Assert();
+        *out = WorkersNow();
+      })) {
+    return {};
   }
-  done->WaitForNotificationWithTimeout(absl::Seconds(10));
-  // Once notified the loop's task writes *out no more.
-  return done->HasBeenNotified() ? std::move(*out) : std::vector<v1::WorkerInfo>{};
+  return std::move(*out);
 }
 
 Dispatcher::WorkerTotals Dispatcher::Totals() {
