@@ -247,6 +247,8 @@ class Scheduler {
   // Ids of the jobs placed on `worker_id`, sorted; empty for an unknown worker.
   std::vector<std::string> JobsOn(const std::string& worker_id) const;
   std::vector<WorkerView> Workers() const;
+  // One worker's slots, busy slots and model loads; nullopt for an unknown worker.
+  std::optional<WorkerLoad> LoadOf(const std::string& worker_id) const;
   // Accumulated cost of a fairness key (of the first tenant that has one by that name).
   double KeyCost(const std::string& fairness_key) const;
   // Weight-normalised accumulated cost of a tenant; 0 if unknown.

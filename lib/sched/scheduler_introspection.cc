@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
+#include <string>
 #include <tuple>
 #include <utility>
 
@@ -213,10 +215,23 @@ SchedulerStats Scheduler::Stats(absl::Time now, size_t max_keys) const {
   }
   std::sort(types.begin(), types.end(),
             [](const TypeState* a, const TypeState* b) { return a->name < b->name; });
+  // One pass over the workers: each type's serving workers, each model's resident ones.
+  std::vector<int64_t> serving(types_.size(), 0);
+  absl::flat_hash_map<const ModelState*, int64_t> resident_on;
+  for (const auto& [rank, w] : by_rank_) {
+    for (const ModelState* m : w->resident) ++resident_on[m];
+    if (w->draining) continue;
+    for (size_t i = 0; i < w->serves.size() && i < serving.size(); ++i) serving[i] += w->serves[i];
+  }
   absl::flat_hash_map<const TypeState*, WaitReason> heads;
   for (const TypeState* t : types) {
     heads[t] = head_of(*t);
-    s.types.push_back({t->name, t->queued, t->running, heads[t]});
+    SchedulerStats::Type& out = s.types.emplace_back();
+    out.name = t->name;
+    out.queued = t->queued;
+    out.running = t->running;
+    out.head = heads[t];
+    out.workers = serving[t->index];
   }
   for (const TierState* tier : tiers_desc_) {
     if (tier->types.empty() && tier->queued == 0 && tier->running == 0) continue;
@@ -233,7 +248,7 @@ SchedulerStats Scheduler::Stats(absl::Time now, size_t max_keys) const {
     out.name = name;
     out.queued = m->queued;
     out.running = m->running;
-    for (const auto& [rank, w] : by_rank_) out.resident_on += w->resident.contains(m.get());
+    if (auto it = resident_on.find(m.get()); it != resident_on.end()) out.resident_on = it->second;
   }
   for (const auto& [key, bucket] : buckets_) {
     SchedulerStats::Model& out = models[key];
@@ -532,6 +547,13 @@ std::vector<WorkerView> Scheduler::Workers() const {
     out.push_back(std::move(v));
   }
   return out;
+}
+
+std::optional<WorkerLoad> Scheduler::LoadOf(const std::string& worker_id) const {
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end()) return std::nullopt;
+  const WorkerState& w = *it->second;
+  return WorkerLoad{.slots = w.spec.slots, .busy = w.busy, .model_loads = w.loads};
 }
 
 }  // namespace dispatchd::sched

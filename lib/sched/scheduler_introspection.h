@@ -67,6 +67,13 @@ struct WorkerView {
   int64_t model_loads = 0;                   // dispatches that made it load a model
 };
 
+// What a worker holds, without its models: for counts taken often (metrics, disconnects).
+struct WorkerLoad {
+  int slots = 0;
+  int busy = 0;  // jobs placed on it (dispatched or running)
+  int64_t model_loads = 0;
+};
+
 // Snapshot for AdminService.Stats: counts and the reason the best-placed job of each waits.
 struct SchedulerStats {
   struct Tier {
@@ -83,6 +90,9 @@ struct SchedulerStats {
     // Of `queued`, those added by AddQueued: jobs the caller keeps outside the scheduler (the
     // dispatcher's pager leaves them in the database).
     int64_t queued_outside = 0;
+    // Workers that serve it and take new jobs (not draining; a worker whose stream was lost
+    // drains until it comes back).
+    int64_t workers = 0;
   };
   struct Model {
     std::string name;  // a model, or a rate-limited type with no model

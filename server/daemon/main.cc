@@ -9,9 +9,11 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "CLI/CLI.hpp"
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/random/random.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -165,8 +167,10 @@ void AddMetricsCollectors(const config::LiveConfig& live, const ha::Leadership& 
       m.workers.With({}).Set(0);
       return;
     }
-    const sched::SchedulerStats stats = d->SchedulerStats(/*max_keys=*/0);
+    const dispatch::Dispatcher::Gauges gauges = d->ReadGauges();
+    const sched::SchedulerStats& stats = gauges.scheduler;
     const std::shared_ptr<const config::Config> config = live.Get();
+    absl::flat_hash_map<std::string_view, int64_t> serving;
     for (const sched::SchedulerStats::Type& t : stats.types) {
       const config::JobTypeConfig* type = config->FindType(t.name);
       const metrics::Labels labels = {t.name, type != nullptr ? type->tier : "",
@@ -174,25 +178,25 @@ void AddMetricsCollectors(const config::LiveConfig& live, const ha::Leadership& 
       m.queued.With(labels).Set(static_cast<double>(t.queued));
       m.running.With(labels).Set(static_cast<double>(t.running));
       m.queued_paged.With({t.name}).Set(static_cast<double>(t.queued_outside));
+      serving[t.name] = t.workers;
     }
     for (const sched::SchedulerStats::Model& model : stats.models) {
       if (model.tokens < 0) continue;  // no rate limit
       m.rate_tokens.With({model.name}).Set(model.tokens);
       m.rate_waiting.With({model.name}).Set(model.head == sched::WaitReason::kRateLimit ? 1 : 0);
     }
-    const dispatch::Dispatcher::WorkerTotals workers = d->Totals();
-    for (const auto& [worker_id, loads] : workers.model_loads) {
+    for (const auto& [worker_id, loads] : gauges.model_loads) {
       m.model_loads.With({worker_id}).Inc(static_cast<double>(loads));
     }
     for (const config::JobTypeConfig& type : config->types) {
-      const auto serving = workers.serving.find(type.name);
+      const auto it = serving.find(type.name);
       m.type_workers.With({type.name})
-          .Set(serving == workers.serving.end() ? 0.0 : static_cast<double>(serving->second));
+          .Set(it == serving.end() ? 0.0 : static_cast<double>(it->second));
     }
-    m.workers.With({}).Set(static_cast<double>(workers.workers));
-    m.slots.With({"busy"}).Set(static_cast<double>(workers.busy));
+    m.workers.With({}).Set(static_cast<double>(gauges.workers));
+    m.slots.With({"busy"}).Set(static_cast<double>(gauges.busy));
     m.slots.With({"free"}).Set(
-        static_cast<double>(std::max<int64_t>(workers.slots - workers.busy, 0)));
+        static_cast<double>(std::max<int64_t>(gauges.slots - gauges.busy, 0)));
   });
 }
 

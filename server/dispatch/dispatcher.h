@@ -14,6 +14,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
@@ -119,19 +120,19 @@ class Dispatcher final : public store::Placer {
 
   // Connected workers, by rank. Waits for the loop.
   std::vector<v1::WorkerInfo> Workers();
-  // What the metrics count of the connected workers. Waits for the loop, which builds no
-  // WorkerInfo for it: a scrape of a fleet of 1,000 workers would otherwise copy every type,
-  // label and resident model of each on the loop's thread.
-  struct WorkerTotals {
-    int64_t workers = 0;
+  // What a metrics scrape reads, in one wait for the loop: the scheduler's figures without its
+  // keys (each type's serving workers among them) and the connected workers' totals. It builds
+  // no WorkerInfo: a scrape of a fleet of 1,000 workers would otherwise copy every type, label
+  // and resident model of each on the loop's thread. All zero if the loop did not answer.
+  struct Gauges {
+    sched::SchedulerStats scheduler;
+    int64_t workers = 0;  // connected
     int64_t busy = 0;
     int64_t slots = 0;
-    // Type -> the connected workers that serve it and are not draining.
-    absl::flat_hash_map<std::string, int64_t> serving;
     // Each connected worker's id and the models it has loaded since it connected.
     std::vector<std::pair<std::string, int64_t>> model_loads;
   };
-  WorkerTotals Totals();
+  Gauges ReadGauges();
   // dispatcher_admin.cc, from here to UpdateConfig.
   // The scheduler's queues, caps, buckets and the `max_keys` lowest-cost keys. Waits for the loop.
   sched::SchedulerStats SchedulerStats(size_t max_keys = SIZE_MAX);
@@ -151,8 +152,9 @@ class Dispatcher final : public store::Placer {
   // gives way to the file's. Waits for the loop; false if it has stopped.
   bool UpdateConfig(config::Config config);
   // An operator drains a connected worker: it gets no new jobs and is sent Drain. Its state
-  // after that, or nullopt if no such worker is connected (or the loop has stopped).
-  std::optional<v1::WorkerInfo> DrainWorker(const std::string& worker_id);
+  // after that; NotFound if no such worker is connected, Unavailable if the loop did not answer
+  // (the daemon is stopping).
+  absl::StatusOr<v1::WorkerInfo> DrainWorker(const std::string& worker_id);
 
   // The daemon is stopping: from now on no worker gets a new job, each connected worker (and
   // any that connects later) is sent Stopping with `why`, and results are still recorded. Jobs
@@ -198,8 +200,6 @@ class Dispatcher final : public store::Placer {
   struct Session {
     std::shared_ptr<WorkerLink> link;  // null while disconnected
     v1::Hello hello;
-    // Its Hello's types, each once (a worker may name a type twice), for Totals.
-    std::vector<std::string> distinct_types;
     std::string peer;
     absl::Time connected_at;
     absl::Time last_seen;
@@ -364,6 +364,8 @@ class Dispatcher final : public store::Placer {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // The connected workers, by rank (Workers() and DrainWorker() wrap it).
   std::vector<v1::WorkerInfo> WorkersNow() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
+  // The scheduler's figures with the jobs the pager leaves in the database counted in.
+  sched::SchedulerStats StatsNow(size_t max_keys) ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // Acknowledges a worker's result once its outcome is durable (or known to be stale). Acks are
   // sent at the end of the loop turn, all of a worker's in one ResultAcks if it reads them.
   void SendAck(const std::string& worker_id, const std::string& job_id, int32_t attempt)

@@ -18,15 +18,20 @@ sched::SchedulerStats Dispatcher::SchedulerStats(size_t max_keys) {
   // A late task may still write *out: read it only if the loop ran it in time.
   if (!RunOnLoop([this, out, max_keys] {
         loop_role_.Assert();
-        *out = scheduler_.Stats(clock_.TimeNow(), max_keys);
-        pager_.ForEachUnheld([&](const QueueId& queue, int64_t unheld) {
-          loop_role_.Assert();
-          scheduler_.AddQueued(*out, queue.first, queue.second, unheld);
-        });
+        *out = StatsNow(max_keys);
       })) {
     return {};
   }
-  return *out;
+  return std::move(*out);
+}
+
+sched::SchedulerStats Dispatcher::StatsNow(size_t max_keys) {
+  sched::SchedulerStats out = scheduler_.Stats(clock_.TimeNow(), max_keys);
+  pager_.ForEachUnheld([&](const QueueId& queue, int64_t unheld) {
+    loop_role_.Assert();
+    scheduler_.AddQueued(out, queue.first, queue.second, unheld);
+  });
+  return out;
 }
 
 std::optional<sched::WaitInfo> Dispatcher::WhyWaiting(const job::Job& job, bool* paged_out) {

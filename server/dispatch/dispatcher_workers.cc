@@ -1,7 +1,7 @@
 // The dispatcher's worker streams, and what workers say about their jobs. See dispatcher.h.
 
 #include <algorithm>
-#include <string_view>
+#include <optional>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
@@ -125,20 +125,20 @@ std::vector<v1::WorkerInfo> Dispatcher::Workers() {
   return std::move(*out);
 }
 
-Dispatcher::WorkerTotals Dispatcher::Totals() {
-  auto out = std::make_shared<WorkerTotals>();
+Dispatcher::Gauges Dispatcher::ReadGauges() {
+  auto out = std::make_shared<Gauges>();
   // A late task may still write *out: read it only if the loop ran it in time.
   if (!RunOnLoop([this, out] {
         loop_role_.Assert();
-        for (const sched::WorkerView& w : scheduler_.Workers()) {
-          auto it = sessions_.find(w.id);
-          if (it == sessions_.end() || !it->second.link) continue;
+        out->scheduler = StatsNow(/*max_keys=*/0);
+        for (const auto& [worker_id, session] : sessions_) {
+          if (session.link == nullptr) continue;
+          const std::optional<sched::WorkerLoad> load = scheduler_.LoadOf(worker_id);
+          if (!load.has_value()) continue;
           ++out->workers;
-          out->busy += w.busy;
-          out->slots += w.slots;
-          out->model_loads.emplace_back(w.id, w.model_loads);
-          if (w.draining) continue;
-          for (const std::string& type : it->second.distinct_types) ++out->serving[type];
+          out->busy += load->busy;
+          out->slots += load->slots;
+          out->model_loads.emplace_back(worker_id, load->model_loads);
         }
       })) {
     return {};
@@ -146,7 +146,7 @@ Dispatcher::WorkerTotals Dispatcher::Totals() {
   return std::move(*out);
 }
 
-std::optional<v1::WorkerInfo> Dispatcher::DrainWorker(const std::string& worker_id) {
+absl::StatusOr<v1::WorkerInfo> Dispatcher::DrainWorker(const std::string& worker_id) {
   auto out = std::make_shared<std::optional<v1::WorkerInfo>>();
   // A late task may still write *out: read it only if the loop ran it in time.
   if (!RunOnLoop([this, out, worker_id] {
@@ -162,9 +162,12 @@ std::optional<v1::WorkerInfo> Dispatcher::DrainWorker(const std::string& worker_
           if (w.worker_id() == worker_id) *out = std::move(w);
         }
       })) {
-    return std::nullopt;
+    return absl::UnavailableError("the dispatcher did not answer: the daemon is stopping");
   }
-  return std::move(*out);
+  if (!out->has_value()) {
+    return absl::NotFoundError(absl::StrCat("no connected worker \"", worker_id, "\""));
+  }
+  return *std::move(*out);
 }
 
 bool Dispatcher::StopAssigning(const std::string& why) {
@@ -182,9 +185,9 @@ int64_t Dispatcher::JobsInFlight() {
   auto out = std::make_shared<int64_t>(0);
   if (!RunOnLoop([this, out] {
         loop_role_.Assert();
-        for (const sched::WorkerView& w : scheduler_.Workers()) {
-          auto it = sessions_.find(w.id);
-          if (it != sessions_.end() && it->second.link != nullptr) *out += w.busy;
+        for (const auto& [worker_id, session] : sessions_) {
+          if (session.link == nullptr) continue;
+          if (auto load = scheduler_.LoadOf(worker_id)) *out += load->busy;
         }
         *out += static_cast<int64_t>(owed_.size());
       })) {
@@ -240,11 +243,6 @@ void Dispatcher::OnHello(const std::shared_ptr<WorkerLink>& link, const v1::Hell
   Session& s = sessions_[worker_id];
   s.link = link;
   s.hello = hello;
-  absl::flat_hash_set<std::string_view> seen;
-  s.distinct_types.clear();
-  for (const std::string& type : hello.types()) {
-    if (seen.insert(type).second) s.distinct_types.push_back(type);
-  }
   s.peer = link->peer();
   s.connected_at = now;
   s.last_seen = now;
@@ -382,10 +380,8 @@ void Dispatcher::OnDisconnect(const std::shared_ptr<WorkerLink>& link, absl::Tim
   Session& s = sessions_[worker_id];
   s.link = nullptr;
   s.last_seen = std::max(s.last_seen, now);
-  bool holds_jobs = false;
-  for (const sched::WorkerView& w : scheduler_.Workers())
-    holds_jobs |= (w.id == worker_id && w.busy > 0);
-  if (!holds_jobs) {
+  const std::optional<sched::WorkerLoad> load = scheduler_.LoadOf(worker_id);
+  if (!load.has_value() || load->busy == 0) {
     scheduler_.RemoveWorker(worker_id);
     sessions_.erase(worker_id);
     server::Log("dispatch")->info("worker disconnected worker={}", worker_id);

@@ -245,11 +245,13 @@ grpc::ServerUnaryReactor* AdminServiceImpl::DrainWorker(grpc::CallbackServerCont
       return;
     }
     Audit(caller, "drain_worker", "worker={}", req->worker_id());
-    std::optional<v1::WorkerInfo> worker = d->DrainWorker(req->worker_id());
-    if (!worker.has_value()) {
+    absl::StatusOr<v1::WorkerInfo> worker = d->DrainWorker(req->worker_id());
+    if (!worker.ok()) {
+      const absl::Status& status = worker.status();
       reactor->Reply(
-          grpc::Status(grpc::StatusCode::NOT_FOUND,
-                       absl::StrCat("worker_id: no connected worker \"", req->worker_id(), "\"")));
+          absl::IsNotFound(status)
+              ? absl::Status(status.code(), absl::StrCat("worker_id: ", status.message()))
+              : status);
       return;
     }
     *resp->mutable_worker() = *std::move(worker);

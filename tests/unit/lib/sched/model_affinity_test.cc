@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -110,6 +111,48 @@ TEST(ModelAffinityTest, JobQueuedMidBatchJoinsTheRunningBatch) {
   }
   EXPECT_THAT(order, ElementsAre("c0", "c1", "c2", "r0", "r1", "r2"));
   EXPECT_EQ(s.Workers()[0].model_loads, 2);
+}
+
+TEST(ModelAffinityTest, StatsCountEachTypesServingWorkersAndEachModelsResidentOnes) {
+  Scheduler s(LlmTypes(), kT0);
+  s.AddWorker({.id = "both",
+               .types = {"cover_letter", "company_research"},
+               .slots = 2,
+               .vram_gb = 8,
+               .models_resident = {"cover"}});
+  s.AddWorker({.id = "cover",
+               .types = {"cover_letter"},
+               .slots = 3,
+               .vram_gb = 8,
+               .models_resident = {"cover", "research"}});
+  // A draining worker serves nothing new, but its loaded model is still resident.
+  s.AddWorker({.id = "leaving",
+               .types = {"company_research"},
+               .slots = 1,
+               .vram_gb = 8,
+               .models_resident = {"research"}});
+  s.SetDraining("leaving", true);
+  s.Enqueue(Llm("c0", "cover_letter", 0));
+  ASSERT_THAT(s.Decide(kT0 + absl::Seconds(1)), SizeIs(1));
+
+  const SchedulerStats stats = s.Stats(kT0 + absl::Seconds(1));
+  std::map<std::string, int64_t> serving;
+  for (const SchedulerStats::Type& t : stats.types) serving[t.name] = t.workers;
+  EXPECT_EQ(serving,
+            (std::map<std::string, int64_t>{{"company_research", 1}, {"cover_letter", 2}}));
+  std::map<std::string, int64_t> resident;
+  for (const SchedulerStats::Model& m : stats.models) resident[m.name] = m.resident_on;
+  EXPECT_EQ(resident, (std::map<std::string, int64_t>{{"cover", 2}, {"research", 2}}));
+
+  int64_t busy = 0;
+  for (const std::string id : {"both", "cover", "leaving"}) {
+    const std::optional<WorkerLoad> load = s.LoadOf(id);
+    ASSERT_TRUE(load.has_value()) << id;
+    busy += load->busy;
+  }
+  EXPECT_EQ(busy, 1);
+  EXPECT_EQ(s.LoadOf("cover")->slots, 3);
+  EXPECT_FALSE(s.LoadOf("nobody").has_value());
 }
 
 TEST(ModelAffinityTest, CrashingJobReleasesItsVram) {

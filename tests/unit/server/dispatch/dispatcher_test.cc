@@ -148,7 +148,7 @@ TEST_F(DispatcherTest, AHeartbeatIsAppliedBeforeAnythingThatCameAfterIt) {
   }
 }
 
-TEST_F(DispatcherTest, TotalsCountTheConnectedWorkersAndTheTypesEachServes) {
+TEST_F(DispatcherTest, GaugesCountTheConnectedWorkersAndTheTypesEachServes) {
   Start();
   auto w1 = Connect("w1", /*slots=*/4);
   // w2 names its one type twice: it serves it once.
@@ -161,18 +161,28 @@ TEST_F(DispatcherTest, TotalsCountTheConnectedWorkersAndTheTypesEachServes) {
   dispatcher_->WorkerConnected(w2, hello);
   // A draining worker is connected and has slots, but serves nothing.
   auto w3 = Connect("w3", /*slots=*/1);
-  ASSERT_TRUE(dispatcher_->DrainWorker("w3").has_value());
+  ASSERT_TRUE(dispatcher_->DrainWorker("w3").ok());
 
-  const Dispatcher::WorkerTotals totals = dispatcher_->Totals();
-  EXPECT_EQ(totals.workers, 3);
-  EXPECT_EQ(totals.slots, 7);
-  EXPECT_EQ(totals.busy, 0);
-  ASSERT_TRUE(totals.serving.contains("echo"));
-  EXPECT_EQ(totals.serving.at("echo"), 2);
-  EXPECT_EQ(totals.serving.size(), 1u);
+  const Dispatcher::Gauges gauges = dispatcher_->ReadGauges();
+  EXPECT_EQ(gauges.workers, 3);
+  EXPECT_EQ(gauges.slots, 7);
+  EXPECT_EQ(gauges.busy, 0);
   std::vector<std::string> ids;
-  for (const auto& [id, loads] : totals.model_loads) ids.push_back(id);
+  for (const auto& [id, loads] : gauges.model_loads) ids.push_back(id);
   EXPECT_THAT(ids, ::testing::UnorderedElementsAre("w1", "w2", "w3"));
+  const sched::SchedulerStats::Type* echo = nullptr;
+  for (const sched::SchedulerStats::Type& t : gauges.scheduler.types) {
+    if (t.name == "echo") echo = &t;
+  }
+  ASSERT_NE(echo, nullptr);
+  EXPECT_EQ(echo->workers, 2);
+}
+
+TEST_F(DispatcherTest, DrainWorkerNamesAWorkerThatIsNotConnected) {
+  Start();
+  const absl::StatusOr<v1::WorkerInfo> drained = dispatcher_->DrainWorker("nobody");
+  EXPECT_EQ(drained.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(drained.status().message(), ::testing::HasSubstr("\"nobody\""));
 }
 
 }  // namespace
