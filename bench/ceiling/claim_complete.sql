@@ -23,8 +23,8 @@
 -- 'ipv4:127.0.0.1'; harness.queue_noop_jobs), at least 100 per run of the script. Run with
 -- -M prepared (the daemon prepares its statements, and :ids must travel as a parameter) and the
 -- daemon's planner settings, PGOPTIONS='-c enable_seqscan=off -c enable_bitmapscan=off
--- -c enable_hashjoin=off -c enable_mergejoin=off -c enable_material=off -c jit=off
--- -c plan_cache_mode=force_generic_plan' (kPinPointPlans), e.g.
+-- -c enable_hashjoin=off -c enable_mergejoin=off -c enable_material=off -c jit=off' (kPinPointPlans,
+-- less its plan_cache_mode: see bench/ceiling.py), e.g.
 --   pgbench -n -M prepared -c 4 -j 2 -t 250 -f bench/ceiling/claim_complete.sql DB
 -- drains 100,000 queued jobs; jobs/s = transactions x 100 / seconds.
 WITH c AS (
