@@ -90,8 +90,8 @@ struct SchedulerStats {
     // Of `queued`, those added by AddQueued: jobs the caller keeps outside the scheduler (the
     // dispatcher's pager leaves them in the database).
     int64_t queued_outside = 0;
-    // Workers that serve it and take new jobs (not draining; a worker whose stream was lost
-    // drains until it comes back).
+    // Workers that serve it and are not draining (a worker whose stream was lost drains until
+    // it comes back); full and memory-throttled ones count.
     int64_t workers = 0;
   };
   struct Model {

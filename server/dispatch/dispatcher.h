@@ -153,7 +153,7 @@ class Dispatcher final : public store::Placer {
   bool UpdateConfig(config::Config config);
   // An operator drains a connected worker: it gets no new jobs and is sent Drain. Its state
   // after that; NotFound if no such worker is connected, Unavailable if the loop did not answer
-  // (the daemon is stopping).
+  // in time (busy or stopping; the drain may still be applied later).
   absl::StatusOr<v1::WorkerInfo> DrainWorker(const std::string& worker_id);
 
   // The daemon is stopping: from now on no worker gets a new job, each connected worker (and

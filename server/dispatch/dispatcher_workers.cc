@@ -162,7 +162,9 @@ absl::StatusOr<v1::WorkerInfo> Dispatcher::DrainWorker(const std::string& worker
           if (w.worker_id() == worker_id) *out = std::move(w);
         }
       })) {
-    return absl::UnavailableError("the dispatcher did not answer: the daemon is stopping");
+    return absl::UnavailableError(
+        "the dispatcher did not answer within 10 s (busy or stopping); the drain may still "
+        "apply: see ListWorkers");
   }
   if (!out->has_value()) {
     return absl::NotFoundError(absl::StrCat("no connected worker \"", worker_id, "\""));

@@ -155,6 +155,24 @@ TEST(ModelAffinityTest, StatsCountEachTypesServingWorkersAndEachModelsResidentOn
   EXPECT_FALSE(s.LoadOf("nobody").has_value());
 }
 
+TEST(ModelAffinityTest, StatsCountAWorkerForATypeConfiguredAfterItConnected) {
+  Scheduler s(LlmTypes(), kT0);
+  s.AddWorker({.id = "gpu", .types = {"cover_letter", "summary"}, .slots = 1, .vram_gb = 8});
+  auto workers_of = [&](const std::string& type) -> int64_t {
+    for (const SchedulerStats::Type& t : s.Stats(kT0).types) {
+      if (t.name == type) return t.workers;
+    }
+    return -1;  // not listed
+  };
+  EXPECT_EQ(workers_of("cover_letter"), 1);
+  EXPECT_EQ(workers_of("summary"), -1);
+  config::Config c = LlmTypes();
+  c.types.push_back({.name = "summary"});
+  s.UpdateConfig(c, kT0);
+  EXPECT_EQ(workers_of("summary"), 1);
+  EXPECT_EQ(workers_of("company_research"), 0);
+}
+
 TEST(ModelAffinityTest, CrashingJobReleasesItsVram) {
   Scheduler s(LlmTypes(), kT0);
   s.AddWorker(

@@ -178,6 +178,31 @@ TEST_F(DispatcherTest, GaugesCountTheConnectedWorkersAndTheTypesEachServes) {
   EXPECT_EQ(echo->workers, 2);
 }
 
+TEST_F(DispatcherTest, AWorkerWhoseStreamIsLostLeavesTheGaugesWhileItHoldsItsJob) {
+  Submit("j1");
+  Start();
+  auto w1 = Connect("w1", /*slots=*/2);
+  auto w2 = Connect("w2", /*slots=*/3);
+  ASSERT_TRUE(Eventually([&] { return Assigned(w1, "j1", 1) || Assigned(w2, "j1", 1); }));
+  const auto holder = Assigned(w1, "j1", 1) ? w1 : w2;
+  const int64_t other_slots = holder == w1 ? 3 : 2;
+  dispatcher_->WorkerDisconnected(holder);
+
+  // Its job stays with it until it comes back or goes stale, but it is not connected: it is
+  // neither a worker nor a server of its type in the gauges, and its busy slot is not counted.
+  const Dispatcher::Gauges gauges = dispatcher_->ReadGauges();
+  EXPECT_EQ(gauges.workers, 1);
+  EXPECT_EQ(gauges.slots, other_slots);
+  EXPECT_EQ(gauges.busy, 0);
+  const sched::SchedulerStats::Type* echo = nullptr;
+  for (const sched::SchedulerStats::Type& t : gauges.scheduler.types) {
+    if (t.name == "echo") echo = &t;
+  }
+  ASSERT_NE(echo, nullptr);
+  EXPECT_EQ(echo->workers, 1);
+  EXPECT_EQ(echo->running, 1);
+}
+
 TEST_F(DispatcherTest, DrainWorkerNamesAWorkerThatIsNotConnected) {
   Start();
   const absl::StatusOr<v1::WorkerInfo> drained = dispatcher_->DrainWorker("nobody");
