@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -238,6 +239,16 @@ class Dispatcher final : public store::Placer {
   // it did not run in time: the task may still run later, so the caller must not read what it
   // writes.
   bool RunOnLoop(std::function<void()> task) ABSL_LOCKS_EXCLUDED(mu_);
+  // Runs `compute` on the loop as RunOnLoop does and returns its answer; nullopt if it did not
+  // run in time. A late run's answer goes to a copy no caller reads.
+  template <typename F>
+  std::optional<std::invoke_result_t<F&>> AskLoop(F compute) ABSL_LOCKS_EXCLUDED(mu_) {
+    auto out = std::make_shared<std::optional<std::invoke_result_t<F&>>>();
+    if (!RunOnLoop([out, compute = std::move(compute)]() mutable { *out = compute(); })) {
+      return std::nullopt;
+    }
+    return std::move(*out);
+  }
   void Loop() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Everything below runs on the loop thread only (ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_),

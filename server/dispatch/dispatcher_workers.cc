@@ -114,62 +114,57 @@ void Dispatcher::WorkerDisconnected(std::shared_ptr<WorkerLink> link) {
 }
 
 std::vector<v1::WorkerInfo> Dispatcher::Workers() {
-  auto out = std::make_shared<std::vector<v1::WorkerInfo>>();
-  // A late task may still write *out: read it only if the loop ran it in time.
-  if (!RunOnLoop([this, out] {
-        loop_role_.Assert();
-        *out = WorkersNow();
-      })) {
-    return {};
-  }
-  return std::move(*out);
+  return AskLoop([this] {
+           loop_role_.Assert();
+           return WorkersNow();
+         })
+      .value_or(std::vector<v1::WorkerInfo>{});
 }
 
 Dispatcher::Gauges Dispatcher::ReadGauges() {
-  auto out = std::make_shared<Gauges>();
-  // A late task may still write *out: read it only if the loop ran it in time.
-  if (!RunOnLoop([this, out] {
-        loop_role_.Assert();
-        out->scheduler = StatsNow(/*max_keys=*/0);
-        for (const auto& [worker_id, session] : sessions_) {
-          if (session.link == nullptr) continue;
-          const std::optional<sched::WorkerLoad> load = scheduler_.LoadOf(worker_id);
-          if (!load.has_value()) continue;
-          ++out->workers;
-          out->busy += load->busy;
-          out->slots += load->slots;
-          out->model_loads.emplace_back(worker_id, load->model_loads);
-        }
-      })) {
-    return {};
-  }
-  return std::move(*out);
+  return AskLoop([this] {
+           loop_role_.Assert();
+           Gauges out;
+           out.scheduler = StatsNow(/*max_keys=*/0);
+           for (const auto& [worker_id, session] : sessions_) {
+             if (session.link == nullptr) continue;
+             const std::optional<sched::WorkerLoad> load = scheduler_.LoadOf(worker_id);
+             if (!load.has_value()) continue;
+             ++out.workers;
+             out.busy += load->busy;
+             out.slots += load->slots;
+             out.model_loads.emplace_back(worker_id, load->model_loads);
+           }
+           return out;
+         })
+      .value_or(Gauges{});
 }
 
 absl::StatusOr<v1::WorkerInfo> Dispatcher::DrainWorker(const std::string& worker_id) {
-  auto out = std::make_shared<std::optional<v1::WorkerInfo>>();
-  // A late task may still write *out: read it only if the loop ran it in time.
-  if (!RunOnLoop([this, out, worker_id] {
+  std::optional<std::optional<v1::WorkerInfo>> answer =
+      AskLoop([this, worker_id]() -> std::optional<v1::WorkerInfo> {
         loop_role_.Assert();
         auto it = sessions_.find(worker_id);
-        if (it == sessions_.end() || it->second.link == nullptr) return;
+        if (it == sessions_.end() || it->second.link == nullptr) return std::nullopt;
         scheduler_.SetDraining(worker_id, true);
         v1::DaemonMessage msg;
         msg.mutable_drain();
         SendTo(worker_id, std::move(msg));
         server::Log("dispatch")->info("draining worker={} (operator request)", worker_id);
         for (v1::WorkerInfo& w : WorkersNow()) {
-          if (w.worker_id() == worker_id) *out = std::move(w);
+          if (w.worker_id() == worker_id) return std::move(w);
         }
-      })) {
+        return std::nullopt;
+      });
+  if (!answer.has_value()) {
     return absl::UnavailableError(
         "the dispatcher did not answer within 10 s (busy or stopping); the drain may still "
         "apply: see ListWorkers");
   }
-  if (!out->has_value()) {
+  if (!answer->has_value()) {
     return absl::NotFoundError(absl::StrCat("no connected worker \"", worker_id, "\""));
   }
-  return *std::move(*out);
+  return **std::move(answer);
 }
 
 bool Dispatcher::StopAssigning(const std::string& why) {
@@ -184,18 +179,16 @@ bool Dispatcher::StopAssigning(const std::string& why) {
 }
 
 int64_t Dispatcher::JobsInFlight() {
-  auto out = std::make_shared<int64_t>(0);
-  if (!RunOnLoop([this, out] {
-        loop_role_.Assert();
-        for (const auto& [worker_id, session] : sessions_) {
-          if (session.link == nullptr) continue;
-          if (auto load = scheduler_.LoadOf(worker_id)) *out += load->busy;
-        }
-        *out += static_cast<int64_t>(owed_.size());
-      })) {
-    return -1;
-  }
-  return *out;
+  return AskLoop([this] {
+           loop_role_.Assert();
+           int64_t n = static_cast<int64_t>(owed_.size());
+           for (const auto& [worker_id, session] : sessions_) {
+             if (session.link == nullptr) continue;
+             if (auto load = scheduler_.LoadOf(worker_id)) n += load->busy;
+           }
+           return n;
+         })
+      .value_or(-1);
 }
 
 void Dispatcher::SendStopping(const std::string& worker_id) {
