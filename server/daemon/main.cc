@@ -9,11 +9,9 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <string_view>
 
 #include "CLI/CLI.hpp"
 #include "absl/base/thread_annotations.h"
-#include "absl/container/flat_hash_map.h"
 #include "absl/random/random.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -170,7 +168,10 @@ void AddMetricsCollectors(const config::LiveConfig& live, const ha::Leadership& 
     const dispatch::Dispatcher::Gauges gauges = d->ReadGauges();
     const sched::SchedulerStats& stats = gauges.scheduler;
     const std::shared_ptr<const config::Config> config = live.Get();
-    absl::flat_hash_map<std::string_view, int64_t> serving;
+    // Every configured type has a count, 0 until the scheduler reports its serving workers.
+    for (const config::JobTypeConfig& type : config->types) {
+      m.type_workers.With({type.name}).Set(0);
+    }
     for (const sched::SchedulerStats::Type& t : stats.types) {
       const config::JobTypeConfig* type = config->FindType(t.name);
       const metrics::Labels labels = {t.name, type != nullptr ? type->tier : "",
@@ -178,7 +179,7 @@ void AddMetricsCollectors(const config::LiveConfig& live, const ha::Leadership& 
       m.queued.With(labels).Set(static_cast<double>(t.queued));
       m.running.With(labels).Set(static_cast<double>(t.running));
       m.queued_paged.With({t.name}).Set(static_cast<double>(t.queued_outside));
-      serving[t.name] = t.workers;
+      if (type != nullptr) m.type_workers.With({t.name}).Set(static_cast<double>(t.workers));
     }
     for (const sched::SchedulerStats::Model& model : stats.models) {
       if (model.tokens < 0) continue;  // no rate limit
@@ -187,11 +188,6 @@ void AddMetricsCollectors(const config::LiveConfig& live, const ha::Leadership& 
     }
     for (const auto& [worker_id, loads] : gauges.model_loads) {
       m.model_loads.With({worker_id}).Inc(static_cast<double>(loads));
-    }
-    for (const config::JobTypeConfig& type : config->types) {
-      const auto it = serving.find(type.name);
-      m.type_workers.With({type.name})
-          .Set(it == serving.end() ? 0.0 : static_cast<double>(it->second));
     }
     m.workers.With({}).Set(static_cast<double>(gauges.workers));
     m.slots.With({"busy"}).Set(static_cast<double>(gauges.busy));
