@@ -48,7 +48,11 @@ Scenarios:
           graphile-worker runner (--peer-concurrency 4) in one Node process that adds as many
           probe jobs by add_job, at the same rate, and times add_job's send to the task's start
           (and to add_job's answer). Targets against it, medians of the runs: Submit to worker
-          p50 <= 0.35x and p99 <= 0.5x its p50 and p99, RunSync p50 <= 0.6x its p50.
+          p50 <= 0.35x and p99 <= 0.5x its p50 and p99, RunSync p50 <= 0.6x its p50. Floor
+          (unless --no-ceiling): beside each run, bench/ceiling/insert_one.sql (one job inserted
+          and committed) from one pgbench client at --rate, --warmup + --probes times, and then
+          back to back: PostgreSQL's own commit p50 and p99 at that rate, and Submit to worker
+          over them.
   ceiling PostgreSQL alone on the same writes: the pgbench scripts of bench/ceiling/ on
           dispatchd's schema, --ceiling-clients (4) clients: claim_complete.sql claims 100 of
           --jobs queued rows and moves them to jobs_done, insert_claim_complete.sql inserts 100
@@ -172,7 +176,7 @@ def run_retained(b, i):
 
 
 def run_latency(b, i):
-    return latency_once(b, f"latency-{i}")
+    return ceiling.add_floor(b, i, latency_once(b, f"latency-{i}"))
 
 
 # Targets: figure -> (">=" or "<=", value). Printed with the ratio figure/target.

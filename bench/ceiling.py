@@ -15,6 +15,12 @@ is pgbench's `tps` x 100: one transaction of a script is one run of it, 100 jobs
 checks the rows: jobs_done must hold exactly transactions x 100 SUCCEEDED rows and jobs_active
 none, or the run fails.
 
+The light-load latency has a floor of the same kind (floor_once, beside each `latency` run unless
+--no-ceiling): insert_one.sql inserts one job and commits, from one pgbench client at the probes'
+--rate, so that the server idles between transactions as it does between probes. On a virtual
+machine whose idle CPUs sleep, that rate costs a commit several times what it costs back to
+back, and the probes pay the same.
+
 Python 3 standard library only; needs pgbench (PostgreSQL 15's, from DISPATCHD_PG_BIN,
 /usr/lib/postgresql/15/bin or PATH).
 """
@@ -26,7 +32,7 @@ import shutil
 import subprocess
 
 from sched_e2e_bench import BenchError, log, psql
-from harness import Daemon, machine_busy, queue_noop_jobs
+from harness import Daemon, machine_busy, percentile, queue_noop_jobs
 
 SCRIPTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ceiling")
 BATCH = 100  # jobs per run of a script
@@ -47,9 +53,10 @@ HOW = "pgbench transactions x 100 / pgbench's seconds (tps without initial conne
 
 
 def add_arguments(p):
-    g = p.add_argument_group("ceiling (also drain and e2e)")
+    g = p.add_argument_group("ceiling (also drain and e2e) and floor (latency)")
     g.add_argument("--no-ceiling", action="store_true",
-                   help="drain, e2e: skip PostgreSQL's ceiling run beside each run")
+                   help="drain, e2e: skip PostgreSQL's ceiling run beside each run; latency: "
+                        "skip its floor")
     g.add_argument("--ceiling-clients", type=int, default=4, help="pgbench clients (-c)")
     g.add_argument("--ceiling-threads", type=int, default=2, help="pgbench threads (-j)")
 
@@ -64,12 +71,12 @@ def pgbench_binary():
     return found
 
 
-def pgbench_argv(script, clients, threads, transactions):
+def pgbench_argv(script, clients, threads, transactions, extra=()):
     """pgbench's arguments for `transactions` runs of bench/ceiling/SCRIPT.sql per client, less
     the database: prepared statements (as the daemon's; the scripts' :ids travel as a parameter),
-    no vacuum of pgbench's own tables (there are none)."""
+    no vacuum of pgbench's own tables (there are none), then `extra`."""
     return ["-n", "-M", "prepared", "-c", str(clients), "-j", str(threads),
-            "-t", str(transactions), "-f", os.path.join(SCRIPTS_DIR, script + ".sql")]
+            "-t", str(transactions), *extra, "-f", os.path.join(SCRIPTS_DIR, script + ".sql")]
 
 
 def shown_command(script, clients, threads, transactions):
@@ -78,15 +85,17 @@ def shown_command(script, clients, threads, transactions):
     return f"PGOPTIONS='{PIN_POINT_PLANS}' pgbench {' '.join(argv)} DB"
 
 
-def run_pgbench(url, script, clients, threads, transactions, timeout=900):
-    """Runs the script against `url`; returns pgbench's figures: transactions, tps (without the
-    initial connection time), average latency, its own CPU seconds. Fails unless every
-    transaction ran."""
-    argv = [pgbench_binary()] + pgbench_argv(script, clients, threads, transactions) + [url]
+def run_pgbench(url, script, clients, threads, transactions, timeout=900, extra=(), cwd=None):
+    """Runs the script against `url` (pgbench's `extra` arguments, in `cwd`); returns pgbench's
+    figures: transactions, tps (without the initial connection time), average latency, its own
+    CPU seconds. Fails unless every transaction ran."""
+    argv = ([pgbench_binary()] + pgbench_argv(script, clients, threads, transactions, extra) +
+            [url])
     env = dict(os.environ, PGOPTIONS=PIN_POINT_PLANS)
     ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     try:
-        r = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout)
+        r = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout,
+                           cwd=cwd)
     except subprocess.TimeoutExpired:
         raise BenchError(f"pgbench {script} did not finish in {timeout} s")
     ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -144,6 +153,74 @@ def ceiling_once(b, name, script, jobs):
     finally:
         d.stop()
         d.drop()
+
+
+FLOOR_SCRIPT = "insert_one"
+
+
+def read_pgbench_log(path):
+    """Each transaction's time from its start, in microseconds, from pgbench's per-transaction
+    log (-l) of a run with --rate: `client transaction time script epoch us schedule_lag`, where
+    the time counts from the transaction's scheduled start, so the lag comes off."""
+    times = []
+    with open(path) as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) < 7 or fields[2] == "skipped":
+                raise BenchError(f"{path}: not a --rate run's transaction: {line.strip()!r}")
+            times.append(int(fields[2]) - int(fields[6]))
+    return sorted(times)
+
+
+def floor_once(b, name):
+    """PostgreSQL's own light-load floor beside a latency run: bench/ceiling/insert_one.sql from
+    one client at --rate, --warmup + --probes transactions, on a fresh database with dispatchd's
+    schema. Figures: the commit's p50 and p99 in ms (the first --warmup left out, as the probes'
+    are), and the same script back to back, for what idling between transactions costs."""
+    a = b.args
+    d = Daemon(b, name)
+    logdir = os.path.join(b.workdir, name + "-log")
+    os.makedirs(logdir, exist_ok=True)
+    try:
+        d.start(["noop"])  # creates the schema
+        d.stop()
+        n = a.probes + a.warmup
+        rate = ["-R", f"{a.rate:g}", "-l", "--log-prefix", "floor"]
+        run_pgbench(d.url, FLOOR_SCRIPT, 1, 1, n, a.timeout, extra=rate, cwd=logdir)
+        logs = [f for f in os.listdir(logdir) if f.startswith("floor")]
+        if len(logs) != 1:
+            raise BenchError(f"pgbench left {logs} in {logdir}, not one log")
+        times = read_pgbench_log(os.path.join(logdir, logs[0]))[a.warmup:]
+        if len(times) < a.probes:
+            raise BenchError(f"pgbench logged {len(times) + a.warmup} of {n} transactions")
+        busy = run_pgbench(d.url, FLOOR_SCRIPT, 1, 1, n, a.timeout)
+        ms = lambda us: round(us / 1000, 3)  # noqa: E731
+        shown = pgbench_argv(FLOOR_SCRIPT, 1, 1, n, ["-R", f"{a.rate:g}", "-l"])
+        shown[-1] = os.path.join("bench", "ceiling", FLOOR_SCRIPT + ".sql")
+        return {"pg_floor_insert_p50_ms": ms(percentile(times, 0.5)),
+                "pg_floor_insert_p99_ms": ms(percentile(times, 0.99)),
+                "pg_floor_insert_back_to_back_ms": busy["latency_ms"],
+                "pg_floor_command": f"PGOPTIONS='{PIN_POINT_PLANS}' pgbench {' '.join(shown)} DB"}
+    finally:
+        d.stop()
+        d.drop()
+        shutil.rmtree(logdir, ignore_errors=True)
+
+
+def add_floor(b, i, out):
+    """Runs the floor beside one latency run (unless --no-ceiling) and adds its figures to `out`,
+    with the probes' Submit-to-worker p50 and p99 over the floor's."""
+    if b.args.no_ceiling:
+        return out
+    r = floor_once(b, f"floor-{i}")
+    log(f"  floor run {i}: {FLOOR_SCRIPT}: p50 {r['pg_floor_insert_p50_ms']} ms, p99 "
+        f"{r['pg_floor_insert_p99_ms']} ms at {b.args.rate:g}/s; "
+        f"{r['pg_floor_insert_back_to_back_ms']} ms back to back")
+    out.update(r)
+    for pct in ("p50", "p99"):
+        out[f"submit_to_worker_{pct}_over_floor"] = round(
+            out[f"submit_to_worker_{pct}_ms"] / r[f"pg_floor_insert_{pct}_ms"], 3)
+    return out
 
 
 def run_ceiling(b, i):

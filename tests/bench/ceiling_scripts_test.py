@@ -2,7 +2,7 @@
 transactions with pgbench on a fresh database (migrated by the daemon, as bench.py does it), and
 the rows must have moved: jobs_done grew by 100 per transaction, as SUCCEEDED with the result,
 and jobs_active shrank by as many (claim_complete.sql, oldest first) or holds none
-(insert_claim_complete.sql).
+(insert_claim_complete.sql); insert_one.sql, the latency's floor, queues one job a transaction.
 
 Run by ctest (bench_ceiling_scripts, label store) on the `pg` fixture's server:
 DISPATCHD_TEST_PG_URL_FILE names the file holding its URL, DISPATCHD_BIN the daemon.
@@ -25,6 +25,7 @@ from harness import Daemon, queue_noop_jobs  # noqa: E402
 
 CLIENTS, TRANSACTIONS = 2, 3  # 600 jobs a script
 MOVED = CLIENTS * TRANSACTIONS * ceiling.BATCH
+FLOOR_PROBES = 30
 
 
 class CeilingScriptsTest(unittest.TestCase):
@@ -42,7 +43,8 @@ class CeilingScriptsTest(unittest.TestCase):
         cls.bench = types.SimpleNamespace(
             dispatchd=dispatchd, workdir=cls.workdir, pg=Postgres(cls.workdir, url),
             args=types.SimpleNamespace(keep_dbs=False, ceiling_clients=CLIENTS,
-                                       ceiling_threads=1, timeout=120))
+                                       ceiling_threads=1, timeout=120, no_ceiling=False,
+                                       probes=FLOOR_PROBES, warmup=2, rate=200))
 
     @classmethod
     def tearDownClass(cls):
@@ -92,6 +94,37 @@ class CeilingScriptsTest(unittest.TestCase):
             self.assertEqual(r["jobs"], MOVED)
             self.assertGreater(r["jobs_per_s"], 0)
             self.assertIn(f"-t {TRANSACTIONS} -f bench/ceiling/{script}.sql", r["command"])
+
+    def test_insert_one_queues_one_job_a_transaction(self):
+        url = self.migrated_db("insert_one")
+        p = ceiling.run_pgbench(url, "insert_one", 1, 1, 7, timeout=120)
+        self.assertEqual(p["transactions"], 7)
+        self.assertEqual(self.counts(url), [0, 0, 7, 7])
+        ids = psql(url, "SELECT count(DISTINCT id), min(length(id)), max(length(id)) "
+                        "FROM jobs_active WHERE id LIKE 'j\\_%' AND type = 'noop'")[0]
+        self.assertEqual(ids, ["7", "30", "30"])
+
+    def test_floor_reports_the_commit_at_the_probes_rate_beside_the_probes(self):
+        out = {"submit_to_worker_p50_ms": 3.0, "submit_to_worker_p99_ms": 6.0}
+        ceiling.add_floor(self.bench, 1, out)
+        p50, p99 = out["pg_floor_insert_p50_ms"], out["pg_floor_insert_p99_ms"]
+        self.assertGreater(p50, 0)
+        self.assertLessEqual(p50, p99)
+        self.assertGreater(out["pg_floor_insert_back_to_back_ms"], 0)
+        self.assertEqual(out["submit_to_worker_p50_over_floor"], round(3.0 / p50, 3))
+        self.assertEqual(out["submit_to_worker_p99_over_floor"], round(6.0 / p99, 3))
+        self.assertIn(f"-t {FLOOR_PROBES + 2} -R 200 -l -f bench/ceiling/insert_one.sql",
+                      out["pg_floor_command"])
+
+    def test_a_pgbench_log_gives_each_transactions_time_from_its_start(self):
+        path = os.path.join(self.workdir, "floor.123")
+        with open(path, "w") as f:
+            f.write("0 0 1500 0 1700000000 100 400\n0 1 900 0 1700000000 200 0\n")
+        self.assertEqual(ceiling.read_pgbench_log(path), [900, 1100])
+        with open(path, "w") as f:
+            f.write("0 0 skipped 0 1700000000 100 400\n")
+        with self.assertRaises(ceiling.BenchError):
+            ceiling.read_pgbench_log(path)
 
 
 if __name__ == "__main__":
