@@ -240,7 +240,9 @@ def drain_figure(plt, s):
 
 
 LATENCY_KINDS = (("submit_to_worker", "Submit to worker"), ("submit_ack", "Submit answer"),
-                 ("runsync", "RunSync round trip"))
+                 ("runsync", "RunSync round trip"),
+                 # PostgreSQL's floor beside each run (bench/ceiling/insert_one.sql at --rate).
+                 ("pg_floor_insert", "PostgreSQL alone:\none insert's commit"))
 LATENCY_SPLIT = (("send_to_insert_p50_ms", "send to insert"),
                  ("insert_to_claim_p50_ms", "insert to claim"),
                  ("claim_to_handler_p50_ms", "claim to handler"))
