@@ -31,6 +31,12 @@ DaemonMetrics::DaemonMetrics()
           "dispatchd_store_commit_seconds",
           "Time to run and commit one store statement, by op (insert or turn).", {"op"},
           SecondsBuckets())),
+      insert_wait(registry.AddHistogram(
+          "dispatchd_store_insert_wait_seconds",
+          "Time a Submit's jobs wait between their hand-off to the group inserter and the start "
+          "of their insert statement: the queue behind the statement under way, and the "
+          "leader's placement.",
+          {}, FineSecondsBuckets())),
       store_write_errors(registry.AddCounter(
           "dispatchd_store_write_errors_total",
           "Dispatcher writes the store failed, by kind (finish, mark, claim, retry, return, "

@@ -26,6 +26,7 @@ struct DaemonMetrics {
   // turn: a dispatcher turn's finishes, marks and claims).
   Family<Histogram>& store_rows;
   Family<Histogram>& store_commit;
+  Family<Histogram>& insert_wait;
   // Dispatcher writes the store failed (not answered, or refused by a trigger or constraint),
   // by kind: finish, mark, claim, retry, return, expire.
   Family<Counter>& store_write_errors;

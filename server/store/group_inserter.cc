@@ -30,7 +30,11 @@ void GroupInserter::Insert(std::vector<job::Job> jobs, bool notify_leader, Done 
   {
     absl::MutexLock l(&mu_);
     if (!stopping_) {
-      queue_.push_back(Unit{std::move(jobs), notify_leader, std::move(done), std::move(placer)});
+      queue_.push_back(Unit{.jobs = std::move(jobs),
+                            .notify_leader = notify_leader,
+                            .done = std::move(done),
+                            .placer = std::move(placer),
+                            .queued_at = absl::Now()});
       return;
     }
   }
@@ -120,6 +124,15 @@ absl::Status GroupInserter::InsertTogether(std::vector<Unit>& units) {
   Placer* placer = units[0].placer.get();
   if (placer != nullptr) placer->Place(jobs);
   const absl::Time start = absl::Now();
+  {
+    // Once per unit: a unit tried again alone (Commit) waited once.
+    auto& wait = metrics::Metrics().insert_wait.With({});
+    for (Unit& unit : units) {
+      if (unit.queued_at == absl::InfinitePast()) continue;
+      wait.Observe(absl::ToDoubleSeconds(start - unit.queued_at));
+      unit.queued_at = absl::InfinitePast();
+    }
+  }
   absl::StatusOr<std::vector<InsertOutcome>> outcomes =
       store_.InsertMany(jobs, units[0].notify_leader);
   if (placer != nullptr) {

@@ -10,6 +10,7 @@
 #include "absl/functional/any_invocable.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 
 #include "lib/job/job.h"
 #include "server/store/job_store.h"
@@ -89,6 +90,8 @@ class GroupInserter {
     bool notify_leader = false;
     Done done;
     std::shared_ptr<Placer> placer;
+    // When Insert() took it; InfinitePast once its wait is counted (insert_wait).
+    absl::Time queued_at;
   };
 
   void Run() ABSL_LOCKS_EXCLUDED(mu_);

@@ -70,6 +70,7 @@ TEST_F(MetricsTest, SeriesExistAndMoveAsJobsFlow) {
        {"dispatchd_jobs_admitted_total counter", "dispatchd_jobs_refused_total counter",
         "dispatchd_job_queue_wait_seconds histogram", "dispatchd_job_run_seconds histogram",
         "dispatchd_store_batch_rows histogram", "dispatchd_store_commit_seconds histogram",
+        "dispatchd_store_insert_wait_seconds histogram",
         "dispatchd_dispatch_decision_seconds histogram", "dispatchd_jobs_queued gauge",
         "dispatchd_jobs_running gauge", "dispatchd_rate_limit_tokens gauge",
         "dispatchd_rate_limit_waiting gauge", "dispatchd_workers gauge",
@@ -97,6 +98,8 @@ TEST_F(MetricsTest, SeriesExistAndMoveAsJobsFlow) {
   EXPECT_EQ(Sample(page, R"(dispatchd_jobs_refused_total{type="nope",reason="invalid"})"), 1);
   EXPECT_GE(Sample(page, R"(dispatchd_store_batch_rows_count{op="insert"})"), 1);
   EXPECT_GE(Sample(page, R"(dispatchd_store_commit_seconds_count{op="insert"})"), 1);
+  // Each Submit's wait for its statement, once (the refused one was never handed over).
+  EXPECT_EQ(Sample(page, "dispatchd_store_insert_wait_seconds_count"), 3);
 
   // A worker drains them, and runs jobs of the rate-limited model too.
   std::unique_ptr<Worker> w =
