@@ -159,9 +159,10 @@ FLOOR_SCRIPT = "insert_one"
 
 
 def read_pgbench_log(path):
-    """Each transaction's time from its start, in microseconds, from pgbench's per-transaction
-    log (-l) of a run with --rate: `client transaction time script epoch us schedule_lag`, where
-    the time counts from the transaction's scheduled start, so the lag comes off."""
+    """Each transaction's time from its start, in microseconds and in the log's order, from
+    pgbench's per-transaction log (-l) of a run with --rate: `client transaction time script
+    epoch us schedule_lag`, where the time counts from the transaction's scheduled start, so the
+    lag comes off."""
     times = []
     with open(path) as f:
         for line in f:
@@ -169,7 +170,12 @@ def read_pgbench_log(path):
             if len(fields) < 7 or fields[2] == "skipped":
                 raise BenchError(f"{path}: not a --rate run's transaction: {line.strip()!r}")
             times.append(int(fields[2]) - int(fields[6]))
-    return sorted(times)
+    return times
+
+
+def measured_times(path, warmup):
+    """read_pgbench_log's times less the first `warmup` transactions, sorted."""
+    return sorted(read_pgbench_log(path)[warmup:])
 
 
 def floor_once(b, name):
@@ -190,7 +196,7 @@ def floor_once(b, name):
         logs = [f for f in os.listdir(logdir) if f.startswith("floor")]
         if len(logs) != 1:
             raise BenchError(f"pgbench left {logs} in {logdir}, not one log")
-        times = read_pgbench_log(os.path.join(logdir, logs[0]))[a.warmup:]
+        times = measured_times(os.path.join(logdir, logs[0]), a.warmup)
         if len(times) < a.probes:
             raise BenchError(f"pgbench logged {len(times) + a.warmup} of {n} transactions")
         busy = run_pgbench(d.url, FLOOR_SCRIPT, 1, 1, n, a.timeout)
