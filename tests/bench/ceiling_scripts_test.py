@@ -108,11 +108,15 @@ class CeilingScriptsTest(unittest.TestCase):
         out = {"submit_to_worker_p50_ms": 3.0, "submit_to_worker_p99_ms": 6.0}
         ceiling.add_floor(self.bench, 1, out)
         p50, p99 = out["pg_floor_insert_p50_ms"], out["pg_floor_insert_p99_ms"]
-        self.assertGreater(p50, 0)
+        self.assertGreaterEqual(p50, 0)
         self.assertLessEqual(p50, p99)
         self.assertGreater(out["pg_floor_insert_back_to_back_ms"], 0)
-        self.assertEqual(out["submit_to_worker_p50_over_floor"], round(3.0 / p50, 3))
-        self.assertEqual(out["submit_to_worker_p99_over_floor"], round(6.0 / p99, 3))
+        # This server runs without fsync: its commits may end before pgbench can time them.
+        self.assertIn(out["pg_floor_untimed"], range(FLOOR_PROBES + 1))
+        for pct, ms in (("p50", 3.0), ("p99", 6.0)):
+            floor = out[f"pg_floor_insert_{pct}_ms"]
+            self.assertEqual(out[f"submit_to_worker_{pct}_over_floor"],
+                             round(ms / floor, 3) if floor > 0 else None)
         self.assertIn(f"-t {FLOOR_PROBES + 2} -R 200 -l -f bench/ceiling/insert_one.sql",
                       out["pg_floor_command"])
 
