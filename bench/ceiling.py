@@ -79,8 +79,10 @@ def pgbench_argv(script, clients, threads, transactions, extra=()):
             "-t", str(transactions), *extra, "-f", os.path.join(SCRIPTS_DIR, script + ".sql")]
 
 
-def shown_command(script, clients, threads, transactions):
-    argv = pgbench_argv(script, clients, threads, transactions)
+def shown_command(script, clients, threads, transactions, extra=()):
+    """The pgbench command of a run, as printed beside its figures (the script by its path in
+    the repository, DB for the database)."""
+    argv = pgbench_argv(script, clients, threads, transactions, extra)
     argv[-1] = os.path.join("bench", "ceiling", script + ".sql")
     return f"PGOPTIONS='{PIN_POINT_PLANS}' pgbench {' '.join(argv)} DB"
 
@@ -201,8 +203,6 @@ def floor_once(b, name):
             raise BenchError(f"pgbench logged {len(times) + a.warmup} of {n} transactions")
         busy = run_pgbench(d.url, FLOOR_SCRIPT, 1, 1, n, a.timeout)
         ms = lambda us: round(us / 1000, 3)  # noqa: E731
-        shown = pgbench_argv(FLOOR_SCRIPT, 1, 1, n, ["-R", f"{a.rate:g}", "-l"])
-        shown[-1] = os.path.join("bench", "ceiling", FLOOR_SCRIPT + ".sql")
         # pgbench takes a transaction's end time lazily, in the step of its state machine that
         # ends it: one that ends in the step that started it (on a server without fsync, say)
         # reads as its lag alone, a time of 0. A commit that waits for a WAL flush never does.
@@ -210,7 +210,8 @@ def floor_once(b, name):
                 "pg_floor_insert_p99_ms": ms(percentile(times, 0.99)),
                 "pg_floor_untimed": sum(1 for t in times if t <= 0),
                 "pg_floor_insert_back_to_back_ms": busy["latency_ms"],
-                "pg_floor_command": f"PGOPTIONS='{PIN_POINT_PLANS}' pgbench {' '.join(shown)} DB"}
+                "pg_floor_command": shown_command(FLOOR_SCRIPT, 1, 1, n,
+                                                  ["-R", f"{a.rate:g}", "-l"])}
     finally:
         d.stop()
         d.drop()

@@ -33,9 +33,9 @@ DaemonMetrics::DaemonMetrics()
           SecondsBuckets())),
       insert_wait(registry.AddHistogram(
           "dispatchd_store_insert_wait_seconds",
-          "Time a Submit's jobs wait between their hand-off to the group inserter and the start "
-          "of their insert statement: the queue behind the statement under way, and the "
-          "leader's placement.",
+          "Time a call's jobs (Submit, SubmitBatch, RunSync) wait between their hand-off to the "
+          "group inserter and the start of their insert statement: the queue behind the "
+          "statement under way, and the leader's placement.",
           {}, FineSecondsBuckets())),
       store_write_errors(registry.AddCounter(
           "dispatchd_store_write_errors_total",
