@@ -306,8 +306,8 @@ CREATE UNIQUE INDEX dispatchd_leader_epoch ON dispatchd_leader (epoch);
 //   or a sort of these columns is a strcoll() call; under "C" it is a memcmp(). The hot path
 //   walks the primary key and the queue index for every job it claims, finishes or inserts: on
 //   an en_US.UTF-8 database PostgreSQL spent about 1.5 times the CPU per drained job that it
-//   spent on a "C" one (docs/benchmarks.md). Ids, types, fairness keys, idempotency keys and
-//   owners are identifiers, not prose: byte order is the order they need.
+//   spent on a "C" one (docs/benchmarks-history.md). Ids, types, fairness keys, idempotency keys
+//   and owners are identifiers, not prose: byte order is the order they need.
 // - Equality does not change (it was already byte for byte), so no key that was unique stops
 //   being so, and no lookup finds another row.
 // - Changing a column's collation rewrites no table, but rebuilds every index on the column:

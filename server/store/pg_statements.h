@@ -553,7 +553,7 @@ inline constexpr Statement kAllStatements[] = {
 // per session (force_generic_plan). Left to choose, PostgreSQL plans a statement again on every
 // run while a plan for the values at hand looks cheaper than the generic one, which it does for
 // the arrays of a single job: at light load each turn that finished one job spent about 1 ms
-// planning write_turn, for 0.2 ms of execution (docs/benchmarks.md).
+// planning write_turn, for 0.2 ms of execution (docs/benchmarks-history.md).
 inline constexpr char kPinPointPlans[] =
     "SET enable_seqscan = off; SET enable_bitmapscan = off; SET enable_hashjoin = off; "
     "SET enable_mergejoin = off; SET enable_material = off; SET jit = off; "
