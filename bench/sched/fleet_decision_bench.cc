@@ -11,6 +11,14 @@
 //   the clock advancing 70 us per iteration (the fleet's 4 slots x W over 275 ms jobs, at
 //   W = 1,000). Counter `placed_per_decide`: a decision may place nothing (a worker held for a
 //   starved model).
+// - BM_FleetDrain/W: the whole drain after that first decision, as `bench.py fleet` runs it: no
+//   job is queued after the start, and each turn finishes kTurnJobs random placed jobs, advances
+//   the clock by the time the fleet took for that many (kTurnJobs / kFleetRate) and decides with
+//   no limit, until the queue is empty. Past the first second every queued job is older than its
+//   type's max_affinity_wait, and toward the end most workers are free with a short queue of
+//   models that others hold: the decisions that ask every free worker in turn. Counters:
+//   `us_per_placement` (the decisions' time over the jobs they placed), `decisions`, and
+//   `max_decision_ms`.
 //
 //   ninja -C build sched_fleet_decision_bench && ./build/bench/sched/sched_fleet_decision_bench
 
@@ -40,6 +48,10 @@ constexpr int kJobs = 20'000;
 constexpr int kSlots = 4;
 constexpr double kWorkerVramGb = 80;
 constexpr absl::Duration kTick = absl::Microseconds(70);
+// BM_FleetDrain: jobs finished per turn, and the fleet's rate (jobs/s) that sets the clock: the
+// figures `bench.py fleet` measured on two cores (about 53 jobs per decision, 2,800 jobs/s).
+constexpr int kTurnJobs = 50;
+constexpr double kFleetRate = 2'800;
 
 std::string TypeName(int i) { return absl::StrFormat("t%03d", i); }
 
@@ -83,13 +95,19 @@ struct Fleet {
                        .arrival = arrival});
   }
 
-  // Finishes a random placed job and queues one of the same type and key in its place.
-  void FinishOneAndRefill() {
+  // Finishes a random placed job; returns its id.
+  std::string FinishOne() {
     size_t i = std::uniform_int_distribution<size_t>(0, placed.size() - 1)(rng);
     std::swap(placed[i], placed.back());
-    const std::string id = placed.back();
+    std::string id = std::move(placed.back());
     placed.pop_back();
     scheduler.Finished(id, now, absl::Milliseconds(275));
+    return id;
+  }
+
+  // Finishes a random placed job and queues one of the same type and key in its place.
+  void FinishOneAndRefill() {
+    const std::string id = FinishOne();
     // "t042-k01234-000000007": type at [1, 4), key at [6, 11).
     Enqueue(std::stoi(id.substr(1, 3)), std::stoi(id.substr(6, 5)), now);
   }
@@ -143,6 +161,35 @@ void BM_FleetSteady(benchmark::State& state) {
   state.counters["busy_slots"] = static_cast<double>(fleet.scheduler.placed_count());
 }
 
+void BM_FleetDrain(benchmark::State& state) {
+  const int workers = static_cast<int>(state.range(0));
+  const absl::Duration turn = absl::Seconds(kTurnJobs / kFleetRate);
+  double placed = 0, seconds = 0, decisions = 0, max_seconds = 0;
+  for (auto _ : state) {
+    auto fleet = std::make_unique<Fleet>(workers);
+    fleet->Place(fleet->scheduler.Decide(fleet->now));
+    double s = 0;
+    while (fleet->scheduler.pending_count() > 0 && !fleet->placed.empty()) {
+      fleet->now += turn;
+      for (int i = 0; i < kTurnJobs && !fleet->placed.empty(); ++i) fleet->FinishOne();
+      const auto start = std::chrono::steady_clock::now();
+      std::vector<Dispatch> out = fleet->scheduler.Decide(fleet->now);
+      const double d =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      s += d;
+      max_seconds = std::max(max_seconds, d);
+      ++decisions;
+      placed += static_cast<double>(out.size());
+      fleet->Place(std::move(out));
+    }
+    state.SetIterationTime(s);
+    seconds += s;
+  }
+  state.counters["us_per_placement"] = placed > 0 ? seconds * 1e6 / placed : 0;
+  state.counters["decisions"] = benchmark::Counter(decisions, benchmark::Counter::kAvgIterations);
+  state.counters["max_decision_ms"] = max_seconds * 1e3;
+}
+
 BENCHMARK(BM_FleetColdDecide)
     ->Arg(4)
     ->Arg(100)
@@ -151,6 +198,12 @@ BENCHMARK(BM_FleetColdDecide)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_FleetSteady)->Arg(4)->Arg(100)->Arg(1000)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_FleetDrain)
+    ->Arg(100)
+    ->Arg(1000)
+    ->Iterations(1)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace dispatchd::sched

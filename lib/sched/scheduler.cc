@@ -11,8 +11,6 @@
 #include <utility>
 #include <vector>
 
-#include "absl/container/flat_hash_set.h"
-
 #include "lib/sched/scheduler_internal.h"
 #include "lib/util/check.h"
 
@@ -33,21 +31,23 @@ std::vector<Dispatch> Scheduler::Decide(absl::Time now, size_t limit) {
   if (now >= next_housekeeping_) Housekeep(now);
   PromoteDue(now);
   std::vector<Dispatch> out;
-  // A worker that found nothing keeps finding nothing within one call: placements only take
-  // capacity, tokens and resources away.
-  absl::flat_hash_set<WorkerState*> done;
+  best_memo_.clear();
+  memo_on_ = false;
+  // The worker filled next is the first in rank order that has not found nothing. A worker that
+  // found nothing keeps finding nothing within one call (placements only take capacity, tokens
+  // and resources away), and it was the first such worker when it found nothing, so the workers
+  // that found nothing are a prefix of `available_` (which only loses workers here): the next
+  // one to ask is the first after the last that found nothing.
+  std::optional<std::pair<int64_t, WorkerState*>> last_found_nothing;
   while (out.size() < limit && pending_count_ > 0) {
-    WorkerState* w = nullptr;
-    for (const auto& [rank, candidate] : available_) {
-      if (!done.contains(candidate)) {
-        w = candidate;
-        break;
-      }
-    }
-    if (w == nullptr) break;
+    auto next = last_found_nothing.has_value() ? available_.upper_bound(*last_found_nothing)
+                                               : available_.begin();
+    if (next == available_.end()) break;
+    WorkerState* w = next->second;
     Choice c = (this->*policy_->choose)(*w, now);
     if (c.job == nullptr) {
-      done.insert(w);
+      last_found_nothing = *next;
+      memo_on_ = true;
       continue;
     }
     if (c.loads) {
@@ -75,11 +75,13 @@ std::vector<Dispatch> Scheduler::Decide(absl::Time now, size_t limit) {
     out.back().cost = c.job->charged;
     out.back().key_cost = c.job->key->cost;
   }
+  best_memo_.clear();
   return out;
 }
 
 void Scheduler::Place(Job& j, WorkerState* w, absl::Time now, bool loads_model) {
   TypeState& t = *j.type;
+  best_memo_.clear();  // the orders BestJob walks change
   // Charge before the job leaves its lane, so that the key and the tenant refile once, at
   // their new cost and their new oldest head together.
   Charge(j, now);

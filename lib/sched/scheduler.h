@@ -5,6 +5,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -275,7 +276,6 @@ class Scheduler {
 
   // Defined in scheduler_internal.h.
   struct Ord;
-  enum class Fit;
   struct TierKey;
 
   // Configuration (scheduler_config.cc).
@@ -369,8 +369,12 @@ class Scheduler {
   // The first job among the groups of `tier` in `groups` (a GroupMask) whose tenant may run it
   // now, in the order (tenant rank, tenant cost, tenant's oldest ready job), then (key cost,
   // arrival) inside the tenant; only tenants below their floor if `floor_only`. Null if none.
+  // Answers from best_memo_ when it can.
   Job* BestJob(TierState& tier, const absl::InlinedVector<uint64_t, 2>& groups, absl::Time now,
                bool floor_only = false);
+  // BestJob's walk of the tier's order.
+  Job* BestJobWalk(TierState& tier, const absl::InlinedVector<uint64_t, 2>& groups, absl::Time now,
+                   bool floor_only);
   bool Starved(const Group& g, absl::Time now) const;
   bool GroupOpen(const Group& g, absl::Time now) const;
 
@@ -422,7 +426,11 @@ class Scheduler {
   double last_virtual_time_ = 0;
   CostEstimator costs_;
   uint64_t next_seq_ = 0;
-  uint64_t stamp_ = 0;  // one per ChooseFair: marks which groups' `fit` is current
+  // BestJob's answers in the current Decide since its last placement, by (tier, floor_only,
+  // groups), kept once a worker of the Decide has found nothing (`memo_on_`).
+  using BestMemoKey = std::tuple<const TierState*, bool, absl::InlinedVector<uint64_t, 2>>;
+  absl::flat_hash_map<BestMemoKey, Job*> best_memo_;
+  bool memo_on_ = false;
   size_t next_group_index_ = 0;
   size_t pending_count_ = 0;
   size_t placed_count_ = 0;

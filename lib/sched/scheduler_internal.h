@@ -59,10 +59,6 @@ struct Scheduler::Ord {
   }
 };
 
-// What a worker can do with a group's jobs: nothing, run them (model resident or none), or run
-// them after loading the model.
-enum class Scheduler::Fit { kNo, kResident, kLoad };
-
 // Internal state. Pending jobs live in lanes: one lane per (group, fairness key), a group being
 // the pending jobs of one type with one label set. Everything a skip rule looks at except
 // conflicts (tier, type, model, labels) is the same for every job of a group, so Decide tests a
@@ -122,9 +118,6 @@ struct Scheduler::Group {
   absl::btree_set<std::pair<Ord, Lane*>> by_age;  // lanes with a ready job, by their head's arrival
   Ord oldest = Ord::Max();                        // by_age's first head, kept beside it
   int64_t ready = 0;                              // ready jobs in all lanes
-  // What the worker being decided for can do with this group (valid while stamp matches).
-  uint64_t stamp = 0;
-  Fit fit = Fit::kNo;
 };
 
 struct Scheduler::Lane {

@@ -34,6 +34,20 @@ bool Scheduler::Starved(const Group& g, absl::Time now) const {
 
 Scheduler::Job* Scheduler::BestJob(TierState& tier, const GroupMask& groups, absl::Time now,
                                    bool floor_only) {
+  // Within one Decide, the workers that ask with the same groups get the same answer until a
+  // placement changes the orders walked below (Place clears the memo): in a fleet's last jobs,
+  // hundreds of free workers in turn ask for the same models, and each walk can pass over
+  // thousands of keys. Only a worker that found nothing leaves its answers to the next one, so
+  // the memo starts with the first such worker of the Decide.
+  if (!memo_on_) return BestJobWalk(tier, groups, now, floor_only);
+  auto [memo, inserted] = best_memo_.try_emplace(BestMemoKey{&tier, floor_only, groups}, nullptr);
+  if (!inserted) return memo->second;
+  memo->second = BestJobWalk(tier, groups, now, floor_only);
+  return memo->second;
+}
+
+Scheduler::Job* Scheduler::BestJobWalk(TierState& tier, const GroupMask& groups, absl::Time now,
+                                       bool floor_only) {
   // Tenants in (rank, cost, oldest ready head) order: the first with a ready job in one of
   // `groups` wins, so that tenants of equal cost go by their oldest job whether or not this
   // worker can run it (comparing the matching jobs of every tenant at one cost meant walking
@@ -98,7 +112,6 @@ Scheduler::Choice Scheduler::ChooseFair(WorkerState& w, absl::Time now) {
   };
   std::vector<LoadCandidate> loads;
   GroupMask resident_groups, load_groups;
-  ++stamp_;  // forget every group's fit from earlier decisions
   for (TierState* tier : tiers_desc_) {
     if (tier->running >= tier->cap || tier->queued == 0 || tier->tenants.empty()) continue;
     bool any_resident = false;
@@ -112,11 +125,8 @@ Scheduler::Choice Scheduler::ChooseFair(WorkerState& w, absl::Time now) {
       if (t->bucket != nullptr && !t->bucket->Ready(now)) continue;
       for (auto& owned : t->groups) {
         Group* g = owned.get();
-        g->stamp = stamp_;
-        g->fit = Fit::kNo;
         if (g->ready == 0 || !ServesAndMatches(w, *g)) continue;
         if (Resident(w, t->model)) {
-          g->fit = Fit::kResident;
           SetBit(resident_groups, g->index);
           any_resident = true;
           continue;
@@ -134,7 +144,6 @@ Scheduler::Choice Scheduler::ChooseFair(WorkerState& w, absl::Time now) {
           }
         }
         if (!Fits(w, t->model)) continue;
-        g->fit = Fit::kLoad;
         SetBit(load_groups, g->index);
         auto it = std::find_if(loads.begin(), loads.end(),
                                [&](const LoadCandidate& c) { return c.model == t->model; });
@@ -202,11 +211,12 @@ Scheduler::Choice Scheduler::ChooseFair(WorkerState& w, absl::Time now) {
         int64_t depth = 0;
         for (const Counted& n : counted) {
           if ((unserved_only && n.holders > 0) || n.per_worker < depth) continue;
+          // The model's groups the worker can take after a load.
           GroupMask of_model;
           for (TypeState* t : tier->types) {
             if (t->model != n.c.model) continue;
             for (auto& g : t->groups) {
-              if (g->stamp == stamp_ && g->fit == Fit::kLoad) SetBit(of_model, g->index);
+              if (TestBit(load_groups, g->index)) SetBit(of_model, g->index);
             }
           }
           Job* j = BestJob(*tier, of_model, now);

@@ -436,6 +436,38 @@ SwapRun RunSwaps(const std::string& policy, bool with_fifth_model) {
   return out;
 }
 
+// One decision asks each free worker in rank order. Those that find nothing (here the first
+// two: gpu0 serves no queued type, and gpu1 would need a load that gpu2's and gpu3's model makes
+// needless) are passed over once; the workers after them that ask with the same groups each take
+// the next job of the fair order, not the one the worker before them took.
+TEST(ModelAffinityTest, WorkersAskingAlikeInOneDecisionTakeSuccessiveJobs) {
+  config::Config c;
+  c.types.push_back({.name = "gen", .model = "mg", .vram_gb = 20});
+  c.types.push_back({.name = "other", .model = "mo", .vram_gb = 20});
+  Scheduler s(c, kT0);
+  s.AddWorker({.id = "gpu0", .types = {"other"}, .slots = 1, .vram_gb = 80});
+  s.AddWorker({.id = "gpu1", .types = {"gen"}, .slots = 1, .vram_gb = 80});
+  for (const char* id : {"gpu2", "gpu3"}) {
+    s.AddWorker({.id = id, .types = {"gen"}, .slots = 1, .vram_gb = 80, .models_resident = {"mg"}});
+  }
+  s.Enqueue({.id = "a1", .type = "gen", .fairness_key = "a", .arrival = kT0});
+  s.Enqueue({.id = "a2", .type = "gen", .fairness_key = "a", .arrival = kT0 + absl::Seconds(1)});
+  s.Enqueue({.id = "b1", .type = "gen", .fairness_key = "b", .arrival = kT0 + absl::Seconds(2)});
+  const absl::Time now = kT0 + absl::Seconds(3);
+  std::vector<std::string> placed;
+  for (const Dispatch& d : s.Decide(now)) {
+    EXPECT_FALSE(d.loads_model) << d.job_id;
+    placed.push_back(absl::StrCat(d.job_id, "@", d.worker_id));
+  }
+  // Key a's first job, then key b's (a has used more by then); a2 waits for a slot of mg, which
+  // two workers hold: not worth a load on gpu1 within max_affinity_wait.
+  EXPECT_THAT(placed, ElementsAre("a1@gpu2", "b1@gpu3"));
+  EXPECT_TRUE(s.IsPending("a2"));
+  s.Finished("a1", now + absl::Seconds(1), absl::Seconds(1));
+  EXPECT_THAT(Ids(s.Decide(now + absl::Seconds(1))), ElementsAre("a2"));
+  EXPECT_EQ(s.WorkerOf("a2"), "gpu2");
+}
+
 TEST(ModelAffinityTest, FourModelsOnTwoWorkersLoadEachModelAboutOnce) {
   SwapRun fair = RunSwaps("fair", false);
   SwapRun fifo = RunSwaps("fifo", false);
