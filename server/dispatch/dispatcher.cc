@@ -108,6 +108,7 @@ void Dispatcher::Stop() {
     if (session.link) session.link->Close(absl::UnavailableError("daemon shutting down"));
   }
   sessions_.clear();
+  worker_of_link_.clear();
   std::vector<std::weak_ptr<WorkerLink>> links;
   std::deque<absl::AnyInvocable<void()>> dropped;  // destroyed outside the lock
   {

@@ -441,6 +441,10 @@ class Dispatcher final : public store::Placer {
   // goes back to the queue in the next turn.
   std::vector<store::ReturnRequest> stray_returns_ ABSL_GUARDED_BY(loop_role_);
   absl::flat_hash_map<std::string, Session> sessions_ ABSL_GUARDED_BY(loop_role_);
+  // The worker of each session's link: a message finds its worker in one lookup, not a walk of
+  // every session (a fleet's thousand per message). An entry per session with a link, kept where
+  // a session's link is set or dropped (OnHello, OnDisconnect, LoseWorker, the loop's end).
+  absl::flat_hash_map<const WorkerLink*, std::string> worker_of_link_ ABSL_GUARDED_BY(loop_role_);
   int turns_in_flight_ ABSL_GUARDED_BY(loop_role_) = 0;
   int reads_in_flight_ ABSL_GUARDED_BY(loop_role_) = 0;  // page reads
   bool expiry_in_flight_ ABSL_GUARDED_BY(loop_role_) = false;

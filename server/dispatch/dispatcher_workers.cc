@@ -234,9 +234,11 @@ void Dispatcher::OnHello(const std::shared_ptr<WorkerLink>& link, const v1::Hell
   auto existing = sessions_.find(worker_id);
   if (existing != sessions_.end() && existing->second.link && existing->second.link != link) {
     existing->second.link->Close(absl::AbortedError("replaced by a newer session of this worker"));
+    worker_of_link_.erase(existing->second.link.get());
   }
   Session& s = sessions_[worker_id];
   s.link = link;
+  worker_of_link_[link.get()] = worker_id;
   s.hello = hello;
   s.peer = link->peer();
   s.connected_at = now;
@@ -373,6 +375,7 @@ void Dispatcher::OnDisconnect(const std::shared_ptr<WorkerLink>& link, absl::Tim
   std::string worker_id = WorkerIdOf(link);
   if (worker_id.empty()) return;
   Session& s = sessions_[worker_id];
+  worker_of_link_.erase(s.link.get());
   s.link = nullptr;
   s.last_seen = std::max(s.last_seen, now);
   const std::optional<sched::WorkerLoad> load = scheduler_.LoadOf(worker_id);
@@ -394,7 +397,10 @@ void Dispatcher::OnDisconnect(const std::shared_ptr<WorkerLink>& link, absl::Tim
 void Dispatcher::LoseWorker(const std::string& worker_id, const std::string& reason) {
   auto it = sessions_.find(worker_id);
   if (it == sessions_.end()) return;
-  if (it->second.link) it->second.link->Close(absl::UnavailableError("worker declared lost"));
+  if (it->second.link) {
+    it->second.link->Close(absl::UnavailableError("worker declared lost"));
+    worker_of_link_.erase(it->second.link.get());
+  }
   sessions_.erase(it);
   std::vector<std::string> orphans = scheduler_.RemoveWorker(worker_id);
   server::Log("dispatch")
@@ -545,10 +551,8 @@ void Dispatcher::SendCancel(const std::string& worker_id, const std::string& job
 }
 
 std::string Dispatcher::WorkerIdOf(const std::shared_ptr<WorkerLink>& link) const {
-  for (const auto& [id, s] : sessions_) {
-    if (s.link == link) return id;
-  }
-  return "";
+  auto it = worker_of_link_.find(link.get());
+  return it == worker_of_link_.end() ? "" : it->second;
 }
 
 }  // namespace dispatchd::dispatch
