@@ -31,8 +31,7 @@ std::vector<Dispatch> Scheduler::Decide(absl::Time now, size_t limit) {
   if (now >= next_housekeeping_) Housekeep(now);
   PromoteDue(now);
   std::vector<Dispatch> out;
-  best_memo_.clear();
-  memo_on_ = false;
+  memo_on_ = false;  // best_memo_ is empty: the last Decide cleared it
   // The worker filled next is the first in rank order that has not found nothing. A worker that
   // found nothing keeps finding nothing within one call (placements only take capacity, tokens
   // and resources away), and it was the first such worker when it found nothing, so the workers
@@ -81,7 +80,7 @@ std::vector<Dispatch> Scheduler::Decide(absl::Time now, size_t limit) {
 
 void Scheduler::Place(Job& j, WorkerState* w, absl::Time now, bool loads_model) {
   TypeState& t = *j.type;
-  best_memo_.clear();  // the orders BestJob walks change
+  if (memo_on_) best_memo_.clear();  // the orders BestJob walks change
   // Charge before the job leaves its lane, so that the key and the tenant refile once, at
   // their new cost and their new oldest head together.
   Charge(j, now);
