@@ -46,7 +46,7 @@ std::vector<Dispatch> Scheduler::Decide(absl::Time now, size_t limit) {
     Choice c = (this->*policy_->choose)(*w, now);
     if (c.job == nullptr) {
       last_found_nothing = *next;
-      memo_on_ = true;
+      memo_on_ = !memo_disabled_;
       continue;
     }
     if (c.loads) {
@@ -73,6 +73,7 @@ std::vector<Dispatch> Scheduler::Decide(absl::Time now, size_t limit) {
     Place(*c.job, w, now, c.loads);
     out.back().cost = c.job->charged;
     out.back().key_cost = c.job->key->cost;
+    if (out.size() == kMemoAfterPlacements) memo_on_ = !memo_disabled_;
   }
   best_memo_.clear();
   return out;
@@ -80,7 +81,7 @@ std::vector<Dispatch> Scheduler::Decide(absl::Time now, size_t limit) {
 
 void Scheduler::Place(Job& j, WorkerState* w, absl::Time now, bool loads_model) {
   TypeState& t = *j.type;
-  if (memo_on_) best_memo_.clear();  // the orders BestJob walks change
+  const int rank_before = j.key->tenant->rank();
   // Charge before the job leaves its lane, so that the key and the tenant refile once, at
   // their new cost and their new oldest head together.
   Charge(j, now);
@@ -111,6 +112,35 @@ void Scheduler::Place(Job& j, WorkerState* w, absl::Time now, bool loads_model) 
     if (w->swap_to == t.model) w->swap_to = nullptr;
   }
   Attach(j, *w);
+  if (memo_on_) ForgetMovedAnswers(j, rank_before);
+}
+
+void Scheduler::ForgetMovedAnswers(const Job& placed, int rank_before) {
+  // A placement takes its job out of its lane and charges its key and tenant: they cost more and
+  // their oldest ready heads get no older, so they only move later in the orders BestJob walks,
+  // and no job anywhere becomes ready. So a walk that found nothing still finds nothing, and a
+  // walk that found a job of another key still finds it, unless:
+  // - the placed job's conflict key turned busy, holding back pending jobs of any key and
+  //   tenant, whose heads then move: every answer goes;
+  // - the answer is of the placed job's tenant and that tenant moved past another tenant that
+  //   has ready jobs in one of its tiers (tenants of equal cost go by their oldest heads), left
+  //   or joined its floor, reached its max_running, or took a token from one of its own buckets,
+  //   which may close lanes of its other keys.
+  if (!placed.conflict.empty()) {
+    if (auto it = conflicts_running_.find(placed.conflict);
+        it != conflicts_running_.end() && it->second == 1) {
+      best_memo_.clear();
+      return;
+    }
+  }
+  KeyState& key = *placed.key;
+  TenantState& tenant = *key.tenant;
+  ++key.memo_gen;
+  bool tenant_moved = tenant.rank() != rank_before || tenant.capped() || !tenant.buckets.empty();
+  for (auto it = tenant.tiers.begin(); !tenant_moved && it != tenant.tiers.end(); ++it) {
+    tenant_moved = it->first->tenants.size() > 1;
+  }
+  if (tenant_moved) ++tenant.memo_gen;
 }
 
 void Scheduler::Occupy(Job& j, const std::string& worker_id) {

@@ -212,6 +212,11 @@ class Scheduler {
   // Picks the dispatches possible now, at most `limit`, and counts each as placed.
   std::vector<Dispatch> Decide(absl::Time now, size_t limit = SIZE_MAX);
 
+  // With `off`, every choice of Decide walks the fairness orders afresh rather than reuse an
+  // answer found earlier in the same decision: the same decisions, slower. For the tests and
+  // `sched_decision_trace`, which check that they are the same.
+  void DisableDecisionMemoForTesting(bool off) { memo_disabled_ = off; }
+
   // Why the pending job waits (kNone if not pending) and its place in line.
   WaitInfo WhyWaiting(const std::string& job_id, absl::Time now) const;
 
@@ -338,6 +343,9 @@ class Scheduler {
 
   // Placement bookkeeping (scheduler.cc).
   void Place(Job& job, WorkerState* worker, absl::Time now, bool loads_model);
+  // Drops the memo's answers that placing `placed` may have changed; `rank_before` is its
+  // tenant's rank before the placement.
+  void ForgetMovedAnswers(const Job& placed, int rank_before);
   // Counts a job that now holds capacity: caps, conflicts, model; not yet a worker slot.
   void Occupy(Job& job, const std::string& worker_id);
   void Unplace(Job& job);
@@ -426,11 +434,20 @@ class Scheduler {
   double last_virtual_time_ = 0;
   CostEstimator costs_;
   uint64_t next_seq_ = 0;
-  // BestJob's answers in the current Decide since its last placement, by (tier, floor_only,
-  // groups), kept once a worker of the Decide has found nothing (`memo_on_`).
+  // BestJob's answers in the current Decide, by (tier, floor_only, groups), kept once a worker
+  // of the Decide has found nothing or the Decide has placed kMemoAfterPlacements jobs
+  // (`memo_on_`). An answer holds while its job's key and tenant keep the `memo_gen` they had
+  // when it was given (see ForgetMovedAnswers).
   using BestMemoKey = std::tuple<const TierState*, bool, absl::InlinedVector<uint64_t, 2>>;
-  absl::flat_hash_map<BestMemoKey, Job*> best_memo_;
+  struct BestMemo {
+    Job* job = nullptr;
+    uint64_t key_gen = 0;
+    uint64_t tenant_gen = 0;
+  };
+  static constexpr size_t kMemoAfterPlacements = 8;
+  absl::flat_hash_map<BestMemoKey, BestMemo> best_memo_;
   bool memo_on_ = false;
+  bool memo_disabled_ = false;
   size_t next_group_index_ = 0;
   size_t pending_count_ = 0;
   size_t placed_count_ = 0;

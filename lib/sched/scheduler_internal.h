@@ -169,6 +169,9 @@ struct Scheduler::TenantState {
   // Its own buckets, by rate key (`tenants[i].rates`).
   absl::flat_hash_map<std::string, std::unique_ptr<TokenBucket>> buckets;
   absl::flat_hash_map<TierState*, std::unique_ptr<TierTenant>> tiers;
+  // Moved on by a placement that may change which of its jobs BestJob finds first, or whether
+  // another tenant's comes before them (Scheduler::ForgetMovedAnswers).
+  uint64_t memo_gen = 0;
 
   // 0 while below its floor, else 1: the first part of its place in a tier.
   int rank() const { return placed < min_running ? 0 : 1; }
@@ -202,6 +205,8 @@ struct Scheduler::KeyState {
   absl::Time idle_since = absl::InfinitePast();
   std::vector<Lane*> lanes;
   absl::flat_hash_map<TierState*, std::unique_ptr<TierKey>> tiers;
+  // Moved on by each placement of one of its jobs (Scheduler::ForgetMovedAnswers).
+  uint64_t memo_gen = 0;
 };
 
 struct Scheduler::Job {

@@ -35,15 +35,22 @@ bool Scheduler::Starved(const Group& g, absl::Time now) const {
 Scheduler::Job* Scheduler::BestJob(TierState& tier, const GroupMask& groups, absl::Time now,
                                    bool floor_only) {
   // Within one Decide, the workers that ask with the same groups get the same answer until a
-  // placement changes the orders walked below (Place clears the memo): in a fleet's last jobs,
-  // hundreds of free workers in turn ask for the same models, and each walk can pass over
-  // thousands of keys. Only a worker that found nothing leaves its answers to the next one, so
-  // the memo starts with the first such worker of the Decide.
+  // placement moves its job's key or tenant (ForgetMovedAnswers): in a fleet's last jobs,
+  // hundreds of free workers in turn ask for the same models, and when a cold fleet fills, each
+  // worker asks for every model tied at the deepest queue; each walk can pass over thousands of
+  // keys. A decision that places a few jobs keeps nothing, so the memo starts with the first
+  // worker of the Decide that found nothing, or after its first kMemoAfterPlacements.
   if (!memo_on_) return BestJobWalk(tier, groups, now, floor_only);
-  auto [memo, inserted] = best_memo_.try_emplace(BestMemoKey{&tier, floor_only, groups}, nullptr);
-  if (!inserted) return memo->second;
-  memo->second = BestJobWalk(tier, groups, now, floor_only);
-  return memo->second;
+  auto [memo, inserted] = best_memo_.try_emplace(BestMemoKey{&tier, floor_only, groups});
+  const BestMemo& m = memo->second;
+  if (!inserted && (m.job == nullptr || (m.job->key->memo_gen == m.key_gen &&
+                                         m.job->key->tenant->memo_gen == m.tenant_gen))) {
+    return m.job;
+  }
+  Job* j = BestJobWalk(tier, groups, now, floor_only);
+  memo->second =
+      j == nullptr ? BestMemo{} : BestMemo{j, j->key->memo_gen, j->key->tenant->memo_gen};
+  return j;
 }
 
 Scheduler::Job* Scheduler::BestJobWalk(TierState& tier, const GroupMask& groups, absl::Time now,

@@ -468,6 +468,93 @@ TEST(ModelAffinityTest, WorkersAskingAlikeInOneDecisionTakeSuccessiveJobs) {
   EXPECT_EQ(s.WorkerOf("a2"), "gpu2");
 }
 
+// A fleet's decisions from cold: 40 workers serving random subsets of 12 types, two types to
+// each of 6 models, and 600 jobs over 40 keys, those of 4 types conflicting on 20 shared
+// resources, from `tenants` tenants of different weights (0: every job in the unnamed tenant),
+// each with a rate on every other model if `rate`. The first decision fills the cold fleet; then
+// 30 times, 100 ms on, a random third of the placed jobs finish, 60 more jobs come, and the
+// scheduler decides again. Returns every placement ("job@worker", "+load" when it loads the
+// model), with the decision memo off if `memo_off`.
+std::vector<std::string> FleetFromCold(uint32_t seed, int tenants, bool rate, bool memo_off) {
+  config::Config c;
+  for (int i = 0; i < 12; ++i) {
+    c.types.push_back({.name = absl::StrCat("t", i),
+                       .model = absl::StrCat("m", i % 6),
+                       .conflict_group = i % 3 == 0 ? "disk" : "",
+                       .vram_gb = 8.0 * (1 + i % 6 % 4),
+                       .max_affinity_wait = absl::Seconds(1)});
+  }
+  for (int i = 0; i < tenants; ++i) {
+    config::TenantConfig t{
+        .name = absl::StrCat("ten", i), .principals = {absl::StrCat("p", i)}, .weight = 1.0 + i};
+    for (int m = 0; rate && m < 6; m += 2) {
+      t.rates.push_back({.model = absl::StrCat("m", m), .rate = {.per_second = 20, .burst = 4}});
+    }
+    c.tenants.push_back(t);
+  }
+  Scheduler s(c, kT0);
+  s.DisableDecisionMemoForTesting(memo_off);
+  std::mt19937 rng(seed);
+  for (int w = 0; w < 40; ++w) {
+    std::vector<std::string> types;
+    for (int i = 0; i < 12; ++i) {
+      if (rng() % 2 != 0) types.push_back(absl::StrCat("t", i));
+    }
+    s.AddWorker({.id = absl::StrCat("gpu", w), .types = types, .slots = 4, .vram_gb = 80});
+  }
+  absl::Time now = kT0;
+  int next_id = 0;
+  auto enqueue = [&](int n) {
+    for (int i = 0; i < n; ++i, now += absl::Microseconds(10)) {
+      s.Enqueue({.id = absl::StrCat("j", next_id++),
+                 .type = absl::StrCat("t", rng() % 12),
+                 .resource_id = absl::StrCat("r", rng() % 20),
+                 .fairness_key = absl::StrCat("k", rng() % 40),
+                 .owner = tenants == 0 ? "" : absl::StrCat("p", rng() % tenants),
+                 .arrival = now});
+    }
+  };
+  enqueue(600);
+  now += absl::Seconds(2);
+  std::vector<std::string> placed, running;
+  for (int round = 0; round <= 30; ++round) {
+    if (round > 0) {
+      now += absl::Milliseconds(100);
+      std::vector<std::string> still;
+      for (const std::string& id : running) {
+        if (rng() % 3 == 0) {
+          s.Finished(id, now, absl::Milliseconds(100));
+        } else {
+          still.push_back(id);
+        }
+      }
+      running = std::move(still);
+      enqueue(60);
+    }
+    for (const Dispatch& d : s.Decide(now)) {
+      placed.push_back(absl::StrCat(d.job_id, "@", d.worker_id, d.loads_model ? "+load" : ""));
+      running.push_back(d.job_id);
+    }
+  }
+  return placed;
+}
+
+// A decision that places many jobs (as one that fills a cold fleet, each worker asking for every
+// model tied at the deepest queue) or asks many workers that find nothing keeps the answers of
+// its fairness walks across its placements, as long as they hold; it must place what the same
+// decision places when it looks afresh each time.
+TEST(ModelAffinityTest, DecisionsKeepingTheirAnswersPlaceAsDecisionsLookingAfresh) {
+  for (const auto& [tenants, rate] : std::vector<std::pair<int, bool>>{
+           {0, false}, {1, false}, {1, true}, {3, false}, {3, true}}) {
+    for (uint32_t seed = 1; seed <= 4; ++seed) {
+      SCOPED_TRACE(absl::StrCat(tenants, " tenants", rate ? ", with rates" : "", ", seed ", seed));
+      const std::vector<std::string> kept = FleetFromCold(seed, tenants, rate, false);
+      EXPECT_GT(kept.size(), 600u);
+      EXPECT_EQ(kept, FleetFromCold(seed, tenants, rate, true));
+    }
+  }
+}
+
 TEST(ModelAffinityTest, FourModelsOnTwoWorkersLoadEachModelAboutOnce) {
   SwapRun fair = RunSwaps("fair", false);
   SwapRun fifo = RunSwaps("fifo", false);
