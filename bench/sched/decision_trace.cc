@@ -1,14 +1,18 @@
 // Prints a digest of every decision of a seeded, randomized scheduler run: jobs of types that
 // share models, in tiers, from tenants with weights, floors, caps and rates (or, every third
-// seed, all in one tenant), with conflicts, labels and delays, placed on workers of 24 or 80 GB
-// that serve random subsets of the types, finished at random and decided with and without a
-// limit. Two builds that print the same line
+// seed, all in one tenant: unnamed, or alone with its own floor, cap and rates), with conflicts,
+// labels and delays, placed on workers of 24 or 80 GB that serve random subsets of the types,
+// finished at random and decided with and without a limit. Two builds that print the same line
 // for the same arguments made the same decisions, in the same order, on the same workers: the
 // check that a change meant to speed the scheduler up left its choices alone.
 //
-//   sched_decision_trace [SEED [WORKERS]]        # default seed 1, 60 workers
+//   sched_decision_trace [SEED [WORKERS [afresh]]]   # default seed 1, 60 workers
 //   for s in $(seq 1 60); do ./before/sched_decision_trace $s; done > a
 //   for s in $(seq 1 60); do ./after/sched_decision_trace $s; done > b && cmp a b
+//
+// With `afresh`, every choice walks the fairness orders afresh rather than reuse an answer found
+// earlier in the same decision (Scheduler::DisableDecisionMemoForTesting): it must print the
+// same line as without.
 //
 // Output: "SEED DISPATCHES DIGEST", the digest an FNV-1a hash of each dispatch's job, worker,
 // model and whether it loads the model.
@@ -17,6 +21,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <string>
@@ -36,9 +41,11 @@ namespace {
 
 class Run {
  public:
-  Run(uint64_t seed, int workers) : rng_(seed), one_tenant_(seed % 3 == 0) {
+  Run(uint64_t seed, int workers, bool afresh)
+      : rng_(seed), tenants_(seed % 3 != 0 ? 4 : (seed % 6 == 0 ? 0 : 1)) {
     const config::Config c = MakeConfig();
     scheduler_ = std::make_unique<Scheduler>(c, now_);
+    scheduler_->DisableDecisionMemoForTesting(afresh);
     for (int w = 0; w < workers; ++w) {
       std::vector<std::string> serves;
       for (const std::string& t : types_) {
@@ -115,14 +122,15 @@ class Run {
       c.types.push_back(t);
       types_.push_back(t.name);
     }
-    // Principals p0..p3 in tenants of their own; p4 is in none. Every third seed has no tenants
-    // at all and every job in the one unnamed tenant, as without authentication.
-    for (int i = 0; i < (one_tenant_ ? 0 : 4); ++i) {
+    // Principals p0..p3 in tenants of their own; p4 is in none. Every sixth seed has no tenants
+    // at all and every job in the one unnamed tenant, as without authentication; every sixth
+    // from the third, one tenant (p0's) owns every job.
+    for (int i = 0; i < tenants_; ++i) {
       config::TenantConfig t{.name = absl::StrCat("ten", i), .principals = {absl::StrCat("p", i)}};
       t.weight = Uniform(1, 4);
       if (Uniform(0, 2) == 0) t.max_running = Uniform(5, 60);
       if (Uniform(0, 2) == 0) t.min_running = std::min(Uniform(1, 20), t.max_running);
-      if (Uniform(0, 2) == 0 && !some_model.empty()) {
+      if (Uniform(0, tenants_ == 1 ? 1 : 2) == 0 && !some_model.empty()) {
         t.rates.push_back({.model = some_model, .rate = {.per_second = 50, .burst = 5}});
       }
       c.tenants.push_back(t);
@@ -141,7 +149,9 @@ class Run {
       const std::string type = types_[Uniform(0, static_cast<int>(types_.size()) - 1)];
       const std::string resource = Uniform(0, 3) == 0 ? absl::StrCat("r", Uniform(0, 20)) : "";
       const std::string key = absl::StrCat("k", Uniform(0, keys_ - 1));
-      const std::string owner = one_tenant_ ? "" : absl::StrCat("p", Uniform(0, 4));
+      const std::string owner = tenants_ == 0   ? ""
+                                : tenants_ == 1 ? "p0"
+                                                : absl::StrCat("p", Uniform(0, 4));
       const absl::Time not_before =
           Uniform(0, 9) == 0 ? now_ + absl::Milliseconds(Uniform(1, 500)) : absl::InfinitePast();
       scheduler_->Enqueue({.id = absl::StrFormat("j%07d", next_id_++),
@@ -156,7 +166,7 @@ class Run {
   }
 
   std::mt19937_64 rng_;
-  bool one_tenant_;
+  int tenants_;  // named tenants: 4, or 1 that owns every job, or 0 (every job unnamed)
   absl::Time now_ = absl::FromUnixSeconds(1'700'000'000);
   std::unique_ptr<Scheduler> scheduler_;
   std::vector<std::string> types_;
@@ -173,7 +183,8 @@ class Run {
 int main(int argc, char** argv) {
   const uint64_t seed = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 1;
   const int workers = argc > 2 ? std::atoi(argv[2]) : 60;
-  auto [dispatches, digest] = dispatchd::sched::Run(seed, workers).Go();
+  const bool afresh = argc > 3 && std::strcmp(argv[3], "afresh") == 0;
+  auto [dispatches, digest] = dispatchd::sched::Run(seed, workers, afresh).Go();
   std::printf("%llu %lld %016llx\n", static_cast<unsigned long long>(seed),
               static_cast<long long>(dispatches), static_cast<unsigned long long>(digest));
   return 0;
