@@ -172,7 +172,12 @@ void Scheduler::Unplace(Job& j) {
       SetConflictBusy(j.conflict, false);
     }
   }
-  if (j.worker != nullptr) Detach(j, *j.worker);
+  if (j.worker != nullptr) {
+    Detach(j, *j.worker);
+  } else if (auto it = unattached_.find(j.worker_id); it != unattached_.end()) {
+    it->second.erase(&j);
+    if (it->second.empty()) unattached_.erase(it);
+  }
   CountPlaced(j, -1);
 }
 
@@ -200,7 +205,11 @@ void Scheduler::Adopt(const PlacedJob& p) {
   RefileKey(*j.key);
   RefileTenant(*j.key->tenant);
   Occupy(j, p.worker_id);
-  if (auto w = workers_.find(p.worker_id); w != workers_.end()) Attach(j, *w->second);
+  if (auto w = workers_.find(p.worker_id); w != workers_.end()) {
+    Attach(j, *w->second);
+  } else {
+    unattached_[p.worker_id].insert(&j);
+  }
 }
 
 void Scheduler::Retract(const std::string& job_id) {

@@ -414,6 +414,8 @@ class Scheduler {
   absl::flat_hash_map<std::string, double> weight_overrides_;    // SetTenantWeight, by tenant
   absl::flat_hash_map<std::string, std::unique_ptr<Job>> jobs_;  // pending and placed
   absl::flat_hash_map<std::string, std::unique_ptr<WorkerState>> workers_;
+  // Placed jobs adopted before their worker connected, by its id: AddWorker attaches them.
+  absl::flat_hash_map<std::string, absl::flat_hash_set<Job*>> unattached_;
   absl::flat_hash_map<std::string, int64_t> known_ranks_;  // kept across reconnects
   int64_t next_rank_ = 0;
   std::set<std::pair<int64_t, WorkerState*>> available_;  // free slot, not draining; by rank

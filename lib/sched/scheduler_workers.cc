@@ -41,12 +41,8 @@ void Scheduler::AddWorker(const WorkerSpec& spec) {
   SetResidentModels(spec.id, spec.models_resident);
   if (fresh) {
     // Jobs adopted before this worker connected (a daemon restart) now count on it.
-    for (auto& [id, job] : jobs_) {
-      if (job->where != Job::Where::kPlaced || job->worker != nullptr ||
-          job->worker_id != spec.id) {
-        continue;
-      }
-      Attach(*job, w);
+    if (auto node = unattached_.extract(spec.id); !node.empty()) {
+      for (Job* job : node.mapped()) Attach(*job, w);
     }
   }
   UpdateAvailable(w);

@@ -1,5 +1,6 @@
 #include "lib/sched/scheduler.h"
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -11,7 +12,9 @@ namespace {
 
 using ::testing::ElementsAre;
 using ::testing::IsEmpty;
+using ::testing::Pair;
 using ::testing::SizeIs;
+using ::testing::UnorderedElementsAre;
 
 const absl::Time kNow = absl::FromUnixSeconds(1'700'000'000);
 
@@ -236,6 +239,26 @@ TEST(SchedulerRecoveryTest, JobAdoptedBeforeItsWorkerReturnsCountsOnce) {
   s.Finished("j1", kNow);
   EXPECT_EQ(s.Workers()[0].busy, 0);
   EXPECT_EQ(s.running_of_type("echo"), 0);
+}
+
+// Jobs adopted after a restart wait for their own worker: each worker that connects takes up
+// the slots of its jobs and no other's, including after one of them has ended unreported.
+TEST(SchedulerRecoveryTest, AdoptedJobsCountOnTheirOwnWorkerWhenItConnects) {
+  Scheduler s(TwoTypes());
+  s.Adopt({.id = "a1", .type = "echo", .worker_id = "a"});
+  s.Adopt({.id = "b1", .type = "echo", .worker_id = "b"});
+  s.Adopt({.id = "a2", .type = "echo", .worker_id = "a"});
+  s.Adopt({.id = "b2", .type = "echo", .worker_id = "b"});
+  s.Finished("b1", kNow);  // its worker never reported it
+  s.AddWorker({.id = "a", .types = {"echo"}, .slots = 3});
+  s.AddWorker({.id = "c", .types = {"echo"}, .slots = 1});
+  s.AddWorker({.id = "b", .types = {"echo"}, .slots = 2});
+  std::map<std::string, int> busy;
+  for (const WorkerView& w : s.Workers()) busy[w.id] = w.busy;
+  EXPECT_THAT(busy, ElementsAre(Pair("a", 2), Pair("b", 1), Pair("c", 0)));
+  EXPECT_THAT(s.JobsOn("a"), UnorderedElementsAre("a1", "a2"));
+  EXPECT_THAT(s.JobsOn("b"), ElementsAre("b2"));
+  EXPECT_THAT(s.Audit(/*repair=*/false), IsEmpty());
 }
 
 TEST(SchedulerRecoveryTest, UnreportedAdoptionFreesCapWithoutTouchingWorkerSlots) {
