@@ -164,7 +164,25 @@ void Dispatcher::HoldPlaced(job::Job row, absl::Time now) {
   h.at.orphan_deadline = now + config_.orphan_grace;
   h.job = std::move(row);
   std::string id = h.job.id;
-  jobs_.emplace(std::move(id), std::move(h));
+  auto [it, inserted] = jobs_.emplace(std::move(id), std::move(h));
+  if (inserted) FileByWorker(it->first, it->second);
+}
+
+void Dispatcher::FileByWorker(const std::string& id, Held& h) {
+  if (h.filed_worker == h.at.worker_id) return;
+  UnfileByWorker(id, h);
+  if (h.at.worker_id.empty()) return;
+  held_on_worker_[h.at.worker_id].insert(id);
+  h.filed_worker = h.at.worker_id;
+}
+
+void Dispatcher::UnfileByWorker(const std::string& id, Held& h) {
+  if (h.filed_worker.empty()) return;
+  if (auto it = held_on_worker_.find(h.filed_worker); it != held_on_worker_.end()) {
+    it->second.erase(id);
+    if (it->second.empty()) held_on_worker_.erase(it);
+  }
+  h.filed_worker.clear();
 }
 
 void Dispatcher::Keep(job::Job row) {
@@ -240,6 +258,7 @@ void Dispatcher::Drop(const std::string& job_id, const std::string& why, absl::T
   if (scheduler_.IsPlaced(job_id)) scheduler_.Finished(job_id, now);
   if (t.stop_worker) SendCancel(at.worker_id, job_id, t.stop_attempt, why);
   if (t.ack) SendAck(at.worker_id, job_id, t.ack_attempt);
+  UnfileByWorker(job_id, it->second);
   jobs_.erase(it);
   owed_.erase(job_id);
   ++ended_since_publish_;
@@ -501,6 +520,7 @@ void Dispatcher::ApplyExpired(absl::StatusOr<std::vector<std::string>> expired) 
     int32_t attempt = 0;
     if (auto it = jobs_.find(id); it != jobs_.end()) {
       attempt = it->second.at.attempt;
+      UnfileByWorker(id, it->second);
       jobs_.erase(it);
       owed_.erase(id);
       ++ended_since_publish_;

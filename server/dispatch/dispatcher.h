@@ -189,6 +189,8 @@ class Dispatcher final : public store::Placer {
   struct Held {
     job::Job job;
     job::AttemptState at;
+    // The worker it is filed under in held_on_worker_; empty if none.
+    std::string filed_worker;
   };
   // A job Place placed, from the decision until the loop holds it (JobQueued) or undoes it (its
   // insert wrote no DISPATCHED row). The scheduler counts it placed on its worker meanwhile.
@@ -276,6 +278,11 @@ class Dispatcher final : public store::Placer {
   // Holds a DISPATCHED or RUNNING row whose worker may still run it (after a restart, or found
   // by the reconcile): placed on that worker for orphan_grace, then orphaned unless it re-attaches.
   void HoldPlaced(job::Job row, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
+  // Files the held job `id` in held_on_worker_ under the worker its attempt names, if any; called
+  // wherever that worker is set (a row held, a job handed over).
+  void FileByWorker(const std::string& id, Held& h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
+  // Takes it out of held_on_worker_; called before it leaves jobs_.
+  void UnfileByWorker(const std::string& id, Held& h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // Reads the next rows of queues whose window ran below half full (QueuePager).
   void Refill(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   void ApplyPage(const QueuePager::Page& page, absl::StatusOr<std::vector<job::Job>> rows)
@@ -433,6 +440,12 @@ class Dispatcher final : public store::Placer {
   // Jobs that left jobs_ for good since the last PublishLoad.
   int64_t ended_since_publish_ ABSL_GUARDED_BY(loop_role_) = 0;
   absl::flat_hash_map<std::string, Held> jobs_ ABSL_GUARDED_BY(loop_role_);
+  // Held jobs by the worker their attempt was last handed to (Held::filed_worker), so that a
+  // worker's Hello finds the jobs it held without a walk of every held job (a fleet's thousand
+  // Hellos over tens of thousands of queued jobs). A superset: a job whose attempt moved on stays
+  // filed until handed to another worker or forgotten, and readers check its attempt.
+  absl::flat_hash_map<std::string, absl::flat_hash_set<std::string>> held_on_worker_
+      ABSL_GUARDED_BY(loop_role_);
   absl::flat_hash_set<std::string> owed_ ABSL_GUARDED_BY(loop_role_);  // AttemptState::owed
   absl::flat_hash_map<std::string, Placing> placing_ ABSL_GUARDED_BY(loop_role_);
   // Dispatches of held jobs that a Place decided beside its own: claimed by the next turn.

@@ -258,6 +258,7 @@ void Dispatcher::Answered(Held& h, bool changed, bool failed, absl::Time now,
   // A worker's result is acknowledged once its outcome is durable, or known to be moot.
   if (w.Settles() && w.from_result) SendAck(worker, id, w.attempt);
   if (a.next == job::AfterWrite::kEnded || a.next == job::AfterWrite::kMovedOn) {
+    if (auto it = jobs_.find(id); it != jobs_.end()) UnfileByWorker(id, it->second);
     jobs_.erase(id);
     owed_.erase(id);
     ++ended_since_publish_;
@@ -320,6 +321,7 @@ void Dispatcher::Handover(Held& h, const std::string& worker_id, std::string pay
                           absl::flat_hash_map<std::string, v1::DaemonMessage>& assigns,
                           absl::Time now) {
   job::Dispatched(h.at, worker_id);
+  FileByWorker(h.job.id, h);
   if (scheduler_.WorkerOf(h.job.id) != worker_id) {
     // Its worker was lost while the row was written: the row goes back to the queue.
     const job::Transition t =

@@ -282,10 +282,15 @@ void Dispatcher::OnHello(const std::shared_ptr<WorkerLink>& link, const v1::Hell
   }
   // Jobs this worker held that it no longer reports were lost with its previous process.
   std::vector<std::string> lost;
-  for (const auto& [id, h] : jobs_) {
-    if (h.at.worker_id == worker_id && !adopted.contains(id) && !h.at.Settled() &&
-        (h.at.state == JobState::kDispatched || h.at.state == JobState::kRunning)) {
-      lost.push_back(id);
+  if (auto filed = held_on_worker_.find(worker_id); filed != held_on_worker_.end()) {
+    for (const std::string& id : filed->second) {
+      auto it = jobs_.find(id);
+      if (it == jobs_.end()) continue;
+      const Held& h = it->second;
+      if (h.at.worker_id == worker_id && !adopted.contains(id) && !h.at.Settled() &&
+          (h.at.state == JobState::kDispatched || h.at.state == JobState::kRunning)) {
+        lost.push_back(id);
+      }
     }
   }
   for (const std::string& id : lost) {

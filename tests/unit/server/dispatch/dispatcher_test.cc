@@ -50,6 +50,27 @@ TEST_F(DispatcherTest, AStreamThatBreaksBeforeAcceptGivesTheJobBackWithNoAttempt
   EXPECT_EQ(Row("j1").attempt, 0);
 }
 
+// A worker process that restarts under the same id and reports none of its jobs lost them: they
+// go back to the queue at once and run again, on it; another worker's job stays where it is.
+TEST_F(DispatcherTest, AWorkerBackWithoutItsJobsGivesThemBackAndNoOneElses) {
+  Submit("j1");
+  Submit("j2");
+  Submit("j3");
+  Start();
+  auto w1 = Connect("w1", /*slots=*/2);
+  ASSERT_TRUE(Eventually([&] { return Assigned(w1, "j1", 1) && Assigned(w1, "j2", 1); }));
+  Accept(w1, "j1", 1);
+  auto w2 = Connect("w2", /*slots=*/1);
+  ASSERT_TRUE(Eventually([&] { return Assigned(w2, "j3", 1); }));
+  auto again = Connect("w1", /*slots=*/2);  // a new process: its Hello holds no job
+  ASSERT_TRUE(Eventually([&] { return Assigned(again, "j2", 1); }))
+      << "not accepted: no attempt used";
+  Pass(absl::Seconds(2), again);  // j1's accepted attempt was lost: a retry, after its backoff
+  ASSERT_TRUE(Eventually([&] { return Assigned(again, "j1", 2); }));
+  EXPECT_EQ(Row("j3").worker_id, "w2");
+  EXPECT_EQ(w2->Assignments().size(), 1u);
+}
+
 TEST_F(DispatcherTest, AResultForAnOldAttemptIsAcknowledgedAndChangesNothing) {
   Submit("j1");
   Start();
