@@ -412,7 +412,10 @@ int Main(int argc, char** argv) {
                  "buffered, written out at exit): for latency measurements, see bench/README.md");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error|critical|off")
       ->capture_default_str();
-  auto* echo_opt = app.add_flag("--echo", echo, "Result = payload (the default mode)");
+  auto* echo_opt = app.add_flag("--echo", echo,
+                                "Result = payload (the default mode; each job runs on the thread "
+                                "that reads the daemon's stream, the others on threads of their "
+                                "own)");
   auto* exec_opt = app.add_option(
       "--exec", exec_cmd,
       "Run `/bin/sh -c CMD` per job: payload on stdin, stdout is the result; non-zero exit fails "
@@ -530,6 +533,8 @@ int Main(int argc, char** argv) {
     return UsageError("--exec: empty command");
   } else {
     run = [](JobContext& job) { return JobOutcome::Success(job.payload()); };
+    // A copy never waits: the jobs run on the stream's thread, with no hand-off to another.
+    options.run_inline = true;
   }
   Handler handler = [&journal, &start_log, run](JobContext& job) {
     if (start_log != nullptr) start_log->Record(job);

@@ -9,7 +9,8 @@
 //
 // The worker is the authority on its own capacity: an assignment is accepted only while fewer than
 // `max_concurrent` jobs execute, and refused RESOURCE_EXHAUSTED otherwise, whatever the daemon
-// believes. Each handler runs on a thread of its own while it runs (threads are reused). Results
+// believes. Each handler runs on a thread of its own while it runs (threads are reused; see
+// WorkerOptions::run_inline for handlers that never wait). Results
 // are kept until the daemon acknowledges them and are sent again after every reconnect; jobs keep
 // running while the stream is down, and the worker reconnects with jittered exponential backoff
 // until Shutdown().
@@ -57,6 +58,13 @@ struct WorkerOptions {
   int slots = 1;
   // Backpressure limit on jobs executing at once; 0 means `slots`.
   int max_concurrent = 0;
+  // Runs each handler on the thread that reads the stream instead of a thread of its own: the
+  // jobs of one Assign one after another, their results then sent together. For handlers that
+  // return at once and never wait (an echo, a lookup, a hand-off to a queue of the caller's own),
+  // it saves two thread hand-offs per job. While a handler runs the worker reads nothing, so
+  // cancels and new assignments wait for it (heartbeats do not): a handler that blocks holds up
+  // every job of the worker.
+  bool run_inline = false;
   // Placement labels.
   std::map<std::string, std::string> labels;
   // TLS and the bearer token (see Security); none by default.
@@ -226,8 +234,15 @@ class Worker {
   void HandleAssign(const std::shared_ptr<Session>& session, v1::Assign* assign)
       ABSL_LOCKS_EXCLUDED(mu_);
   void HandleCancel(const v1::CancelJob& cancel) ABSL_LOCKS_EXCLUDED(mu_);
-  // Runs one job's handler and reports its outcome.
+  // Runs one job's handler and reports its outcome (RunHandler, FinishJob, then the result sent).
   void RunJob(std::shared_ptr<RunningJob> job) ABSL_LOCKS_EXCLUDED(mu_);
+  // Runs one job's handler: its Result, a failure if the handler threw or its output is too large.
+  v1::Result RunHandler(RunningJob& job) ABSL_LOCKS_EXCLUDED(mu_);
+  // Takes a job whose handler returned out of running_ and keeps its result until acknowledged.
+  // Returns the session to send the result on, or null (dropped, or no session welcomed: it goes
+  // after the next Welcome); `*others_running` says whether other jobs still run.
+  std::shared_ptr<Session> FinishJob(const RunningJob& job, const v1::Result& result,
+                                     bool* others_running) ABSL_LOCKS_EXCLUDED(mu_);
 
   const WorkerOptions options_;
   const Handler handler_;

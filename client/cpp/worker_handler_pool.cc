@@ -179,6 +179,7 @@ void Worker::HandleAssign(const std::shared_ptr<Session>& session, v1::Assign* a
     }
   }
 
+  std::vector<std::shared_ptr<RunningJob>> inline_jobs;  // accepted, with run_inline
   for (Answer& ans : answers) {
     const v1::Assignment& a = *ans.assignment;
     switch (ans.action) {
@@ -202,7 +203,9 @@ void Worker::HandleAssign(const std::shared_ptr<Session>& session, v1::Assign* a
           log->warn("accept not delivered job={} attempt={}", a.job_id(), a.attempt());
           break;
         }
-        if (!handlers_.Start([this, job = ans.job] { RunJob(job); })) {
+        if (options_.run_inline) {
+          inline_jobs.push_back(ans.job);
+        } else if (!handlers_.Start([this, job = ans.job] { RunJob(job); })) {
           running_.erase(key);
           v1::Result result;
           result.set_job_id(key.first);
@@ -219,6 +222,20 @@ void Worker::HandleAssign(const std::shared_ptr<Session>& session, v1::Assign* a
       }
     }
   }
+
+  // With run_inline, the jobs just accepted run here, one after another, and their results go
+  // out together.
+  std::vector<v1::Result> results;
+  std::shared_ptr<Session> to;
+  for (const std::shared_ptr<RunningJob>& job : inline_jobs) {
+    v1::Result result = RunHandler(*job);
+    bool others_running = false;
+    if (std::shared_ptr<Session> s = FinishJob(*job, result, &others_running); s != nullptr) {
+      to = std::move(s);
+      results.push_back(std::move(result));
+    }
+  }
+  if (to != nullptr) to->SendResults(std::move(results));
 }
 
 void Worker::HandleCancel(const v1::CancelJob& cancel) {
@@ -243,12 +260,17 @@ void Worker::HandleCancel(const v1::CancelJob& cancel) {
 }
 
 void Worker::RunJob(std::shared_ptr<RunningJob> job) {
-  std::shared_ptr<spdlog::logger> log = Log();
-  const JobKey key = job->key;
+  v1::Result result = RunHandler(*job);
+  bool others_running = false;
+  std::shared_ptr<Session> session = FinishJob(*job, result, &others_running);
+  if (session != nullptr) session->SendResult(std::move(result), others_running);
+}
+
+v1::Result Worker::RunHandler(RunningJob& job) {
   absl::Time start = absl::Now();
   JobOutcome outcome;
   try {
-    outcome = handler_(*job->context);
+    outcome = handler_(*job.context);
   } catch (const std::exception& e) {
     outcome = JobOutcome::Failure(absl::StrCat("handler threw: ", e.what()), false);
   } catch (...) {
@@ -262,38 +284,46 @@ void Worker::RunJob(std::shared_ptr<RunningJob> job) {
   }
 
   v1::Result result;
-  result.set_job_id(key.first);
-  result.set_attempt(key.second);
+  result.set_job_id(job.key.first);
+  result.set_attempt(job.key.second);
   if (outcome.ok) {
     result.set_output(std::move(outcome.output));
   } else {
-    result.mutable_failure()->set_message(outcome.message);
+    result.mutable_failure()->set_message(std::move(outcome.message));
     result.mutable_failure()->set_retryable(outcome.retryable);
   }
   *result.mutable_run_time() = proto_convert::ToProto(run_time);
+  return result;
+}
 
+std::shared_ptr<Worker::Session> Worker::FinishJob(const RunningJob& job, const v1::Result& result,
+                                                   bool* others_running) {
+  std::shared_ptr<spdlog::logger> log = Log();
+  const JobKey& key = job.key;
   std::shared_ptr<Session> session;
   bool dropped;
-  bool others_running;
   {
     absl::MutexLock l(&mu_);
     running_.erase(key);
-    others_running = !running_.empty();
-    dropped = job->drop_result;
+    *others_running = !running_.empty();
+    dropped = job.drop_result;
     if (!dropped) {
       results_.Keep(key, result);
       if (welcomed_) session = session_;
     }
     if (draining_ && running_.empty()) jobs_done_at_ = absl::Now();
   }
+  if (!log->should_log(spdlog::level::info)) return dropped ? nullptr : session;
+  const bool ok = !result.has_failure();
+  const std::string run_time = absl::FormatDuration(proto_convert::FromProto(result.run_time()));
   if (dropped) {
     log->info("finished job={} attempt={} ok={} run_time={} (result dropped: not re-adopted)",
-              key.first, key.second, outcome.ok, absl::FormatDuration(run_time));
-    return;
+              key.first, key.second, ok, run_time);
+    return nullptr;
   }
-  log->info("finished job={} attempt={} ok={} run_time={}{}{}", key.first, key.second, outcome.ok,
-            absl::FormatDuration(run_time), outcome.ok ? "" : " error=", outcome.message);
-  if (session != nullptr) session->SendResult(std::move(result), others_running);
+  log->info("finished job={} attempt={} ok={} run_time={}{}{}", key.first, key.second, ok, run_time,
+            ok ? "" : " error=", result.failure().message());
+  return session;
 }
 
 }  // namespace dispatchd::client

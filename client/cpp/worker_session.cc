@@ -77,6 +77,29 @@ void Session::SendResult(v1::Result result, bool others_running) {
   // Without this, each handler that finishes writes its own result while the others are still
   // returning: about one write per job under load. One yield lets them join this write.
   if (others_running) std::this_thread::yield();
+  FlushOutbox();
+}
+
+void Session::SendResults(std::vector<v1::Result> results) {
+  if (results.empty()) return;
+  if (!batching_) {
+    for (v1::Result& result : results) {
+      v1::WorkerMessage m;
+      *m.mutable_result() = std::move(result);
+      Write(m);
+    }
+    return;
+  }
+  {
+    absl::MutexLock l(&out_mu_);
+    for (v1::Result& result : results) outbox_.push_back(std::move(result));
+    if (flushing_) return;
+    flushing_ = true;
+  }
+  FlushOutbox();
+}
+
+void Session::FlushOutbox() {
   while (true) {
     v1::WorkerMessage m;
     {

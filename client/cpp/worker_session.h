@@ -70,11 +70,17 @@ class Session {
   // the meantime, and one write carries them all instead of one write each. A result that is
   // the worker's last is written at once.
   void SendResult(v1::Result result, bool others_running) ABSL_LOCKS_EXCLUDED(write_mu_, out_mu_);
+  // Sends results that are ready together: with batching, in one Batch (or as few as
+  // kMaxBatchBytes allows), joining any results another thread is writing out.
+  void SendResults(std::vector<v1::Result> results) ABSL_LOCKS_EXCLUDED(write_mu_, out_mu_);
 
  private:
   // Results in one Batch at most (a larger result goes alone), well below the daemon's limit on
   // a message.
   static constexpr size_t kMaxBatchBytes = 1 << 20;
+
+  // Writes the outbox out, one Batch at a time, until it is empty; the caller set flushing_.
+  void FlushOutbox() ABSL_LOCKS_EXCLUDED(write_mu_, out_mu_);
 
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::WorkerService::Stub> stub_;

@@ -1,5 +1,6 @@
 // Worker SDK against an in-test fake WorkerService on 127.0.0.1:0. Every wait has a deadline.
 
+#include <algorithm>
 #include <atomic>
 #include <functional>
 #include <memory>
@@ -307,6 +308,50 @@ TEST_F(WorkerSdkTest, WithBatchingAnswersAndResultsShareMessagesAndAcksComeToget
   std::set<std::string> held;
   for (const v1::HeldJob& h : again->hello().running_jobs()) held.insert(h.job_id());
   EXPECT_THAT(held, UnorderedElementsAre("j2", "j5"));
+}
+
+TEST_F(WorkerSdkTest, InlineHandlersRunOneAtATimeOnTheStreamsThreadAndReportTogether) {
+  absl::Mutex mu;
+  std::set<std::thread::id> threads;
+  int running = 0, most_running = 0;
+  StartWorker({.slots = 8, .run_inline = true}, [&](JobContext& job) {
+    {
+      absl::MutexLock l(&mu);
+      threads.insert(std::this_thread::get_id());
+      most_running = std::max(most_running, ++running);
+    }
+    absl::SleepFor(absl::Milliseconds(2));  // long enough for a second thread to overlap
+    absl::MutexLock l(&mu);
+    --running;
+    return JobOutcome::Success("out-" + job.job_id());
+  });
+  std::shared_ptr<FakeSession> s = service_.WaitSession(0);
+  ASSERT_NE(s, nullptr);
+  ASSERT_TRUE(s->WaitFor(IsHello()).has_value());
+  ASSERT_TRUE(s->Send(Welcome(absl::Seconds(10), {}, /*batching=*/true)));
+
+  ASSERT_TRUE(s->Send(Assign({{"j1", "a"}, {"j2", "a"}, {"j3", "a"}, {"j4", "b"}})));
+  auto has_results = [](const v1::WorkerMessage& m) { return m.batch().results_size() > 0; };
+  std::optional<v1::WorkerMessage> results = s->WaitFor(has_results);
+  ASSERT_TRUE(results.has_value());
+  // The answers went first, in a Batch of their own: a job runs only once its Accept is written.
+  std::vector<v1::WorkerMessage> received = s->Received();
+  ASSERT_GE(received.size(), 3u);
+  EXPECT_TRUE(received[0].has_hello());
+  ASSERT_TRUE(received[1].has_batch()) << received[1].ShortDebugString();
+  std::vector<std::string> accepted;
+  for (const v1::Accept& a : received[1].batch().accepts()) accepted.push_back(a.job_id());
+  EXPECT_THAT(accepted, ElementsAre("j1", "j2", "j3"));
+  ASSERT_EQ(received[1].batch().rejects_size(), 1);
+  EXPECT_EQ(received[1].batch().rejects(0).reason(), v1::Reject::REASON_UNSUPPORTED);
+  EXPECT_EQ(received[1].batch().results_size(), 0);
+  // The three results came in one message, in the order of the Assign.
+  std::vector<std::string> outputs;
+  for (const v1::Result& r : results->batch().results()) outputs.push_back(r.output());
+  EXPECT_THAT(outputs, ElementsAre("out-j1", "out-j2", "out-j3"));
+  absl::MutexLock l(&mu);
+  EXPECT_EQ(most_running, 1);
+  EXPECT_EQ(threads.size(), 1u);
 }
 
 TEST_F(WorkerSdkTest, HeldResultTheDaemonDoesNotAdoptIsDropped) {
