@@ -386,7 +386,7 @@ int Main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   app.add_option("--max-concurrent", max_concurrent,
-                 "Jobs run at once; more are refused RESOURCE_EXHAUSTED (default: --slots)")
+                 "Jobs held at once; more are refused RESOURCE_EXHAUSTED (default: --slots)")
       ->check(CLI::PositiveNumber);
   app.add_option("--labels", labels_flag, "Placement labels k=v,k2=v2");
   std::string memory_file;
@@ -413,9 +413,9 @@ int Main(int argc, char** argv) {
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error|critical|off")
       ->capture_default_str();
   auto* echo_opt = app.add_flag("--echo", echo,
-                                "Result = payload (the default mode; each job runs on the thread "
-                                "that reads the daemon's stream, the others on threads of their "
-                                "own)");
+                                "Result = payload (the default mode; its jobs run on the thread "
+                                "that reads the daemon's stream, where the other modes run each "
+                                "job on a thread of its own)");
   auto* exec_opt = app.add_option(
       "--exec", exec_cmd,
       "Run `/bin/sh -c CMD` per job: payload on stdin, stdout is the result; non-zero exit fails "

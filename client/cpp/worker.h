@@ -158,7 +158,8 @@ struct JobOutcome {
   bool retryable = false;
 };
 
-// Runs one job. Called on a thread of its own; may block for as long as the job takes.
+// Runs one job. Called on a thread of its own; may block for as long as the job takes (with
+// WorkerOptions::run_inline, on the stream's reader: it must not block).
 using Handler = std::function<JobOutcome(JobContext&)>;
 
 // Serves jobs to the daemon. Run() blocks; Drain() and Shutdown() are thread-safe and may be
@@ -182,7 +183,8 @@ class Worker {
   // lets running jobs finish and their results be acknowledged (up to drain_result_timeout), then
   // Run() returns. Idempotent.
   void Drain() ABSL_LOCKS_EXCLUDED(mu_);
-  // Stops now: cancels running jobs, closes the stream, and Run() returns. Idempotent.
+  // Stops now: cancels running jobs, closes the stream, and Run() returns (with run_inline, once
+  // the handlers of the Assign being run have returned; they see cancelled()). Idempotent.
   void Shutdown() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Replaces the models reported as resident in heartbeats (and the next Hello).
@@ -230,7 +232,8 @@ class Worker {
 
   // Jobs (worker_handler_pool.cc).
   // Answers each assignment, decided one by one against the jobs running and max_concurrent_,
-  // and hands each job accepted to handlers_, with its assignment, moved out of `assign`.
+  // and hands each job accepted to handlers_, with its assignment, moved out of `assign` (or,
+  // with run_inline, runs them here once their answers are written).
   void HandleAssign(const std::shared_ptr<Session>& session, v1::Assign* assign)
       ABSL_LOCKS_EXCLUDED(mu_);
   void HandleCancel(const v1::CancelJob& cancel) ABSL_LOCKS_EXCLUDED(mu_);
@@ -268,9 +271,9 @@ class Worker {
   // Results sent (or to send) and not yet acknowledged.
   worker_internal::ResultLedger results_ ABSL_GUARDED_BY(mu_);
 
-  // The threads that run RunJob; handed jobs with mu_ held (its lock is taken after mu_, never
-  // before it). Declared last so that it is destroyed first: its destructor joins the threads,
-  // which use the members above until their last job returns.
+  // The threads that run RunJob (none with run_inline); handed jobs with mu_ held (its lock is
+  // taken after mu_, never before it). Declared last so that it is destroyed first: its destructor
+  // joins the threads, which use the members above until their last job returns.
   worker_internal::HandlerPool handlers_;
 };
 

@@ -1,7 +1,8 @@
 // The worker's jobs. Each assignment is answered against the jobs running and max_concurrent
-// (the worker is the authority on its own capacity); a job accepted runs on a HandlerPool thread,
-// and its result is kept until acknowledged and sent if a session is welcomed; a CancelJob reaches
-// the handler through its JobContext. HandlerPool, at the top, owns the threads.
+// (the worker is the authority on its own capacity); a job accepted runs on a HandlerPool thread
+// (with run_inline, on the stream's reader), and its result is kept until acknowledged and sent if
+// a session is welcomed; a CancelJob reaches the handler through its JobContext. HandlerPool, at
+// the top, owns the threads.
 
 #include "client/cpp/worker_handler_pool.h"
 

@@ -30,7 +30,8 @@ namespace v1 = ::dispatchd::v1;
 //   grpc::Status status = session->Finish();
 //
 // Thread contract: the stream is read by the session's thread only (the one that connects, reads
-// and finishes it); writes from any thread go through Write() and SendResult(), one at a time.
+// and finishes it); writes from any thread go through Write(), SendResult() and SendResults(),
+// one at a time.
 // Cancel() may be called from any thread, at any time.
 class Session {
  public:
