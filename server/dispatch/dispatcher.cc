@@ -185,6 +185,13 @@ void Dispatcher::UnfileByWorker(const std::string& id, Held& h) {
   h.filed_worker.clear();
 }
 
+void Dispatcher::ForgetHeld(absl::flat_hash_map<std::string, Held>::iterator it) {
+  owed_.erase(it->first);
+  UnfileByWorker(it->first, it->second);
+  jobs_.erase(it);
+  ++ended_since_publish_;
+}
+
 void Dispatcher::Keep(job::Job row) {
   std::string().swap(row.spec.payload);  // the claim returns it
   Held h{.at = job::AttemptState::Of(row)};
@@ -258,10 +265,7 @@ void Dispatcher::Drop(const std::string& job_id, const std::string& why, absl::T
   if (scheduler_.IsPlaced(job_id)) scheduler_.Finished(job_id, now);
   if (t.stop_worker) SendCancel(at.worker_id, job_id, t.stop_attempt, why);
   if (t.ack) SendAck(at.worker_id, job_id, t.ack_attempt);
-  UnfileByWorker(job_id, it->second);
-  jobs_.erase(it);
-  owed_.erase(job_id);
-  ++ended_since_publish_;
+  ForgetHeld(it);
   if (turns_in_flight_ > 0 || reads_in_flight_ > 0 || reconcile_in_flight_) {
     dropped_in_flight_.insert(job_id);
   }
@@ -520,10 +524,7 @@ void Dispatcher::ApplyExpired(absl::StatusOr<std::vector<std::string>> expired) 
     int32_t attempt = 0;
     if (auto it = jobs_.find(id); it != jobs_.end()) {
       attempt = it->second.at.attempt;
-      UnfileByWorker(id, it->second);
-      jobs_.erase(it);
-      owed_.erase(id);
-      ++ended_since_publish_;
+      ForgetHeld(it);
     }
     server::Log("dispatch")->info("expired job={}", id);
     LogFinished(id, JobState::kExpired, attempt);

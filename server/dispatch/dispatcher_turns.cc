@@ -258,10 +258,7 @@ void Dispatcher::Answered(Held& h, bool changed, bool failed, absl::Time now,
   // A worker's result is acknowledged once its outcome is durable, or known to be moot.
   if (w.Settles() && w.from_result) SendAck(worker, id, w.attempt);
   if (a.next == job::AfterWrite::kEnded || a.next == job::AfterWrite::kMovedOn) {
-    if (auto it = jobs_.find(id); it != jobs_.end()) UnfileByWorker(id, it->second);
-    jobs_.erase(id);
-    owed_.erase(id);
-    ++ended_since_publish_;
+    ForgetHeld(jobs_.find(id));  // h is held: Answered is called on jobs_'s entries
     return;
   }
   if (h.at.owed.kind != WriteKind::kNone) Owe(id);  // the write that waited behind this one
