@@ -20,6 +20,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 
 #include "client/cpp/worker.h"
 #include "client/cpp/worker_log.h"
@@ -62,18 +63,7 @@ void Session::Close() {
 }
 
 void Session::SendResult(v1::Result result, bool others_running) {
-  if (!batching_) {
-    v1::WorkerMessage m;
-    *m.mutable_result() = std::move(result);
-    Write(m);
-    return;
-  }
-  {
-    absl::MutexLock l(&out_mu_);
-    outbox_.push_back(std::move(result));
-    if (flushing_) return;
-    flushing_ = true;
-  }
+  if (!Post(absl::MakeSpan(&result, 1))) return;
   // Without this, each handler that finishes writes its own result while the others are still
   // returning: about one write per job under load. One yield lets them join this write.
   if (others_running) std::this_thread::yield();
@@ -81,22 +71,24 @@ void Session::SendResult(v1::Result result, bool others_running) {
 }
 
 void Session::SendResults(std::vector<v1::Result> results) {
-  if (results.empty()) return;
+  if (Post(absl::MakeSpan(results))) FlushOutbox();
+}
+
+bool Session::Post(absl::Span<v1::Result> results) {
+  if (results.empty()) return false;
   if (!batching_) {
     for (v1::Result& result : results) {
       v1::WorkerMessage m;
       *m.mutable_result() = std::move(result);
       Write(m);
     }
-    return;
+    return false;
   }
-  {
-    absl::MutexLock l(&out_mu_);
-    for (v1::Result& result : results) outbox_.push_back(std::move(result));
-    if (flushing_) return;
-    flushing_ = true;
-  }
-  FlushOutbox();
+  absl::MutexLock l(&out_mu_);
+  for (v1::Result& result : results) outbox_.push_back(std::move(result));
+  if (flushing_) return false;
+  flushing_ = true;
+  return true;
 }
 
 void Session::FlushOutbox() {

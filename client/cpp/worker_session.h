@@ -10,6 +10,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
 #include <grpcpp/grpcpp.h>
 
 #include "client/cpp/credentials.h"
@@ -80,6 +81,9 @@ class Session {
   // a message.
   static constexpr size_t kMaxBatchBytes = 1 << 20;
 
+  // Without batching, writes each of `results` alone and returns false. With it, adds them to
+  // the outbox and returns true if the caller is now the one to write it out (FlushOutbox).
+  bool Post(absl::Span<v1::Result> results) ABSL_LOCKS_EXCLUDED(write_mu_, out_mu_);
   // Writes the outbox out, one Batch at a time, until it is empty; the caller set flushing_.
   void FlushOutbox() ABSL_LOCKS_EXCLUDED(write_mu_, out_mu_);
 
