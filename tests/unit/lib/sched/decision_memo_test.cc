@@ -59,6 +59,103 @@ TEST(DecisionMemoTest, WorkersAskingAlikeInOneDecisionTakeSuccessiveJobs) {
   EXPECT_EQ(s.WorkerOf("a2"), "gpu2");
 }
 
+// A worker weighing two models to load asks for the best job of each and takes one; the other
+// answer stays kept. When the job it takes makes its resource busy, a kept answer on that
+// resource (a job of another type of the conflict group) must not be handed to the next worker
+// that asks alike: the decision forgets every kept answer, and that worker takes the next job.
+TEST(DecisionMemoTest, AJobThatMakesItsResourceBusyHoldsBackTheKeptAnswersOnIt) {
+  config::Config c;
+  c.types.push_back({.name = "idle", .model = "mi", .vram_gb = 20});
+  c.types.push_back({.name = "ta", .model = "ma", .conflict_group = "disk", .vram_gb = 20});
+  c.types.push_back({.name = "tb", .model = "mb", .conflict_group = "disk", .vram_gb = 20});
+  Scheduler s(c, kT0);
+  // gpu0, first in rank order, serves a type with nothing queued: it finds nothing, and the
+  // decision keeps its answers from then on. gpu1 and gpu2 hold no model and fit either.
+  s.AddWorker({.id = "gpu0", .types = {"idle"}, .slots = 1, .vram_gb = 80});
+  s.AddWorker({.id = "gpu1", .types = {"ta", "tb"}, .slots = 1, .vram_gb = 80});
+  s.AddWorker({.id = "gpu2", .types = {"ta", "tb"}, .slots = 1, .vram_gb = 80});
+  // Two jobs of each model, each of a key of its own: queues of equal depth, so gpu1 asks for
+  // the best of both, x and y, and takes the older, x, which makes r1 busy. y, on r1 too, must
+  // wait for it: gpu2, asking for model mb's jobs as gpu1 did, takes z.
+  const auto job = [](const char* id, const char* type, const char* resource, int second) {
+    return PendingJob{.id = id,
+                      .type = type,
+                      .resource_id = resource,
+                      .fairness_key = absl::StrCat("key-", id),
+                      .arrival = kT0 + absl::Seconds(second)};
+  };
+  s.Enqueue(job("x", "ta", "r1", 0));
+  s.Enqueue(job("y", "tb", "r1", 1));
+  s.Enqueue(job("w", "ta", "r3", 2));
+  s.Enqueue(job("z", "tb", "r2", 3));
+  const absl::Time now = kT0 + absl::Seconds(4);
+  std::vector<std::string> placed;
+  for (const Dispatch& d : s.Decide(now))
+    placed.push_back(absl::StrCat(d.job_id, "@", d.worker_id));
+  EXPECT_THAT(placed, ElementsAre("x@gpu1", "z@gpu2"));
+  EXPECT_TRUE(s.IsPending("y"));
+  // Once x and z end, r1 is free: each worker takes the job of the model it holds.
+  s.Finished("x", now + absl::Seconds(1), absl::Seconds(1));
+  s.Finished("z", now + absl::Seconds(1), absl::Seconds(1));
+  placed.clear();
+  for (const Dispatch& d : s.Decide(now + absl::Seconds(1))) {
+    placed.push_back(absl::StrCat(d.job_id, "@", d.worker_id));
+  }
+  EXPECT_THAT(placed, ElementsAre("w@gpu1", "y@gpu2"));
+}
+
+// A worker that could load a model others hold asks for that model's best job and passes it over
+// (their slots will run the queue soon enough); the answer stays kept. When another worker then
+// takes a job of the same tenant and model, and so the last token of the tenant's rate on the
+// model, the kept answer must not be handed to the next worker that asks alike: the tenant's
+// answers are forgotten, and that worker finds the tenant's lanes on the model closed.
+TEST(DecisionMemoTest, AJobThatTakesItsTenantsLastTokenHoldsBackTheKeptAnswersOfTheTenant) {
+  config::Config c;
+  c.types.push_back({.name = "idle", .model = "mi", .vram_gb = 20});
+  c.types.push_back({.name = "gen", .model = "mg", .vram_gb = 20});
+  c.tenants.push_back({.name = "team",
+                       .principals = {"alice"},
+                       .rates = {{.model = "mg", .rate = {.per_second = 0.001, .burst = 1}}}});
+  Scheduler s(c, kT0);
+  // In rank order: gpu0 serves a type with nothing queued, so the decision keeps its answers
+  // from then on; gpu1 (zone a) holds no model and would load mg; gpu2 (zone b) and gpu3
+  // (zone a) hold mg.
+  const job::Labels zone_a = {{"zone", "a"}};
+  const job::Labels zone_b = {{"zone", "b"}};
+  s.AddWorker({.id = "gpu0", .types = {"idle"}, .slots = 1, .vram_gb = 80});
+  s.AddWorker({.id = "gpu1", .types = {"gen"}, .slots = 1, .labels = zone_a, .vram_gb = 80});
+  for (const auto& [id, labels] : {std::pair{"gpu2", zone_b}, std::pair{"gpu3", zone_a}}) {
+    s.AddWorker({.id = id,
+                 .types = {"gen"},
+                 .slots = 1,
+                 .labels = labels,
+                 .vram_gb = 80,
+                 .models_resident = {"mg"}});
+  }
+  // Two jobs of the tenant on mg, of two keys: y for zone a, x for zone b.
+  s.Enqueue({.id = "y",
+             .type = "gen",
+             .fairness_key = "k2",
+             .owner = "alice",
+             .labels = zone_a,
+             .arrival = kT0});
+  s.Enqueue({.id = "x",
+             .type = "gen",
+             .fairness_key = "k1",
+             .owner = "alice",
+             .labels = zone_b,
+             .arrival = kT0 + absl::Seconds(1)});
+  // gpu1 asks for zone a's best job on mg, y, and passes it over (gpu2 and gpu3 hold mg); gpu2
+  // takes x and the tenant's one token; gpu3, asking for zone a's best job on mg as gpu1 did,
+  // must not get y.
+  std::vector<std::string> placed;
+  for (const Dispatch& d : s.Decide(kT0 + absl::Seconds(2))) {
+    placed.push_back(absl::StrCat(d.job_id, "@", d.worker_id));
+  }
+  EXPECT_THAT(placed, ElementsAre("x@gpu2"));
+  EXPECT_TRUE(s.IsPending("y"));
+}
+
 // A fleet's decisions from cold: 40 workers serving random subsets of 12 types, two types to
 // each of 6 models, and 600 jobs over 40 keys, those of 4 types conflicting on 20 shared
 // resources, from `tenants` tenants of different weights (0: every job in the unnamed tenant),
