@@ -24,6 +24,7 @@ Python 3 standard library only.
 import argparse
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -94,13 +95,17 @@ def main():
     bench = [sys.executable, os.path.join(HERE, "bench.py"), "latency", "--runs", "1",
              "--no-peer", "--probes", str(args.probes), "--build", args.build,
              "--out", os.path.join(work, "latency")]
-    log = open(os.path.join(work, "bench.log"), "w")
-    run = subprocess.Popen(bench, stdout=log, stderr=subprocess.STDOUT)
+    log = os.path.join(work, "bench.log")
+    with open(log, "w") as out:
+        run = subprocess.Popen(bench, stdout=out, stderr=subprocess.STDOUT)
     try:
+        # The probes start when this run's load generator does (not another run's: the
+        # recording sees the whole machine, so nothing else should run meanwhile).
         deadline = time.time() + 120
-        while subprocess.run(["pgrep", "-f", "dispatch-loadgen"], capture_output=True).returncode:
+        own_loadgen = ["pgrep", "-P", str(run.pid), "-f", "dispatch-loadgen"]
+        while subprocess.run(own_loadgen, capture_output=True).returncode:
             if run.poll() is not None or time.time() > deadline:
-                sys.exit(f"the probes never started: see {log.name}")
+                sys.exit(f"the probes never started: see {log}")
             time.sleep(0.2)
         time.sleep(2)  # past the warm-up
         data = os.path.join(work, "sched.data")
@@ -112,6 +117,7 @@ def main():
         run.terminate()
         run.wait()
     found = chains(hist)
+    shutil.rmtree(work)  # the recording is some megabytes a second; the figures are below
     if not found:
         sys.exit("no whole chain found: is the daemon's inserter placing jobs (a leader with idle "
                  "workers)?")
