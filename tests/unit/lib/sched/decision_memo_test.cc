@@ -27,6 +27,13 @@ std::vector<std::string> Ids(const std::vector<Dispatch>& ds) {
   return out;
 }
 
+// Each dispatch as "job@worker".
+std::vector<std::string> Placements(const std::vector<Dispatch>& ds) {
+  std::vector<std::string> out;
+  for (const Dispatch& d : ds) out.push_back(absl::StrCat(d.job_id, "@", d.worker_id));
+  return out;
+}
+
 // One decision asks each free worker in rank order. Those that find nothing (here the first
 // two: gpu0 serves no queued type, and gpu1 would need a load that gpu2's and gpu3's model makes
 // needless) are passed over once; the workers after them that ask with the same groups each take
@@ -89,19 +96,12 @@ TEST(DecisionMemoTest, AJobThatMakesItsResourceBusyHoldsBackTheKeptAnswersOnIt) 
   s.Enqueue(job("w", "ta", "r3", 2));
   s.Enqueue(job("z", "tb", "r2", 3));
   const absl::Time now = kT0 + absl::Seconds(4);
-  std::vector<std::string> placed;
-  for (const Dispatch& d : s.Decide(now))
-    placed.push_back(absl::StrCat(d.job_id, "@", d.worker_id));
-  EXPECT_THAT(placed, ElementsAre("x@gpu1", "z@gpu2"));
+  EXPECT_THAT(Placements(s.Decide(now)), ElementsAre("x@gpu1", "z@gpu2"));
   EXPECT_TRUE(s.IsPending("y"));
   // Once x and z end, r1 is free: each worker takes the job of the model it holds.
   s.Finished("x", now + absl::Seconds(1), absl::Seconds(1));
   s.Finished("z", now + absl::Seconds(1), absl::Seconds(1));
-  placed.clear();
-  for (const Dispatch& d : s.Decide(now + absl::Seconds(1))) {
-    placed.push_back(absl::StrCat(d.job_id, "@", d.worker_id));
-  }
-  EXPECT_THAT(placed, ElementsAre("w@gpu1", "y@gpu2"));
+  EXPECT_THAT(Placements(s.Decide(now + absl::Seconds(1))), ElementsAre("w@gpu1", "y@gpu2"));
 }
 
 // A worker that could load a model others hold asks for that model's best job and passes it over
@@ -148,11 +148,7 @@ TEST(DecisionMemoTest, AJobThatTakesItsTenantsLastTokenHoldsBackTheKeptAnswersOf
   // gpu1 asks for zone a's best job on mg, y, and passes it over (gpu2 and gpu3 hold mg); gpu2
   // takes x and the tenant's one token; gpu3, asking for zone a's best job on mg as gpu1 did,
   // must not get y.
-  std::vector<std::string> placed;
-  for (const Dispatch& d : s.Decide(kT0 + absl::Seconds(2))) {
-    placed.push_back(absl::StrCat(d.job_id, "@", d.worker_id));
-  }
-  EXPECT_THAT(placed, ElementsAre("x@gpu2"));
+  EXPECT_THAT(Placements(s.Decide(kT0 + absl::Seconds(2))), ElementsAre("x@gpu2"));
   EXPECT_TRUE(s.IsPending("y"));
 }
 
