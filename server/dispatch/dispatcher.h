@@ -281,7 +281,8 @@ class Dispatcher final : public store::Placer {
   // Files the held job `id` in held_on_worker_ under the worker its attempt names, if any; called
   // wherever that worker is set (a row held, a job handed over).
   void FileByWorker(const std::string& id, Held& h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
-  // Takes it out of held_on_worker_ (ForgetHeld, before it leaves jobs_).
+  // Takes it out of held_on_worker_ (FileByWorker, before filing it under another worker;
+  // ForgetHeld, before it leaves jobs_).
   void UnfileByWorker(const std::string& id, Held& h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // Lets go of a held job for good (it ended, moved on or expired): out of jobs_, owed_ and
   // held_on_worker_, and counted as drained at the next PublishLoad.
